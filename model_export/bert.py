@@ -1,0 +1,158 @@
+"""BERT (Devlin et al. 2018): a post-LN Transformer encoder over WordPiece tokens, and its heads.
+
+Embeddings are token + learned position + segment (token type), summed and
+normalised. The same encoder carries a masked-LM head for pretraining and the
+fine-tuning heads: [CLS] classification, QA start/end span, per-token tags.
+Module names mirror the Hugging Face checkpoint's where the structure allows,
+so `hf_checkpoint` maps weights by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import EncoderLayer, LearnedPositionalEmbedding, padding_mask
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    max_position: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    pad_id: int = 0
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_id)
+        self.position_embeddings = LearnedPositionalEmbedding(config.max_position, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        b, s = input_ids.shape
+        positions = torch.arange(s, device=input_ids.device).expand(b, s)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = x + self.token_type_embeddings(token_type_ids)
+        return self.drop(self.norm(x))  # (B, S, D)
+
+
+class BertEncoder(nn.Module):
+    """Embeddings then post-LN encoder layers: the part every head shares."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                config.hidden_size,
+                config.num_heads,
+                config.intermediate_size,
+                config.dropout,
+                norm_first=False,
+                activation="gelu",
+                eps=config.layer_norm_eps,
+            )
+            for _ in range(config.num_layers)
+        )
+        self.apply(_init_bert_weights)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """input_ids, attention_mask, token_type_ids (B, S) -> hidden states (B, S, D)."""
+        x = self.embeddings(input_ids, token_type_ids)
+        mask = padding_mask(attention_mask)  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+class BertForMaskedLM(nn.Module):
+    """Pretraining head: transform, then predict the vocabulary, tied to the word embeddings."""
+
+    def __init__(self, encoder: BertEncoder) -> None:
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.encoder = encoder
+        self.transform = nn.Linear(d, d)
+        self.transform_norm = nn.LayerNorm(d, eps=encoder.config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(encoder.config.vocab_size))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        h = self.transform_norm(F.gelu(self.transform(h)))
+        return h @ self.encoder.embeddings.word_embeddings.weight.T + self.bias  # (B, S, V)
+
+
+class BertForSequenceClassification(nn.Module):
+    """The [CLS] head: pooler (dense + tanh on the first token), dropout, linear classifier."""
+
+    def __init__(self, encoder: BertEncoder, num_labels: int) -> None:
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.encoder = encoder
+        self.pooler = nn.Linear(d, d)
+        self.drop = nn.Dropout(encoder.config.dropout)
+        self.classifier = nn.Linear(d, num_labels)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, D)
+        return self.classifier(self.drop(pooled))  # (B, num_labels)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Span head over (question, context): a start and an end score per token."""
+
+    def __init__(self, encoder: BertEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.qa_outputs = nn.Linear(encoder.config.hidden_size, 2)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        start_logits, end_logits = self.qa_outputs(h).unbind(-1)  # each (B, S)
+        return start_logits, end_logits
+
+
+class BertForTokenClassification(nn.Module):
+    """Per-token BIO tag head."""
+
+    def __init__(self, encoder: BertEncoder, num_labels: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.drop = nn.Dropout(encoder.config.dropout)
+        self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        return self.classifier(self.drop(h))  # (B, S, num_labels)
+
+
+def _init_bert_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

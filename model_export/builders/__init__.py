@@ -1,0 +1,1 @@
+"""One builder per served model: train, export, write the manifest."""
