@@ -1,0 +1,402 @@
+"""bert-classifier, bert-qa, bert-tagger: one BERT encoder, three fine-tuned heads, three single-graph exports.
+
+The encoder starts from a Hugging Face BERT checkpoint when one is given
+(`--init-from`, or the all-MiniLM-L6-v2 checkpoint the setup fetches), or
+else is pretrained here with masked-LM on the text at hand (SST-2, SQuAD and
+CoNLL training text), as the lecture describes. The encoder is prepared once
+per run and copied into each head.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import nn
+
+from service.tasks.qa import answer_token_span, qa_windows
+
+from ..bert import (
+    BertConfig,
+    BertEncoder,
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
+from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
+from ..onnx_export import GraphSpec, auto_dims
+from ..profiles import profile_settings
+from ..tokenization import train_wordpiece, wordpiece_from_vocab
+from ..training import TrainResult, TrainSpec, infinite, save_curve, train
+from .common import BuildContext, finish, fresh_model_dir
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+BERT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+
+
+@dataclass
+class PreparedEncoder:
+    encoder: BertEncoder
+    tokenizer: Tokenizer
+    pooler: dict[str, torch.Tensor] | None
+    origin: dict[str, Any]
+    pretraining_losses: list[float] | None = None
+
+
+_prepared: dict[tuple[str, str, str], PreparedEncoder] = {}
+
+
+def prepare_encoder(ctx: BuildContext) -> PreparedEncoder:
+    """Load the checkpoint or pretrain with masked-LM, once per (profile, source, data) in this process."""
+    init_from = ctx.init_from
+    if init_from is None and ctx.profile == "default" and (DEFAULT_CHECKPOINT_DIR / "config.json").is_file():
+        init_from = DEFAULT_CHECKPOINT_DIR
+    key = (ctx.profile, str(init_from), str(ctx.data_dir))
+    if key not in _prepared:
+        if init_from is not None:
+            hf = load_hf_bert(init_from)
+            log.info("BERT encoder initialised from the checkpoint in %s", init_from)
+            _prepared[key] = PreparedEncoder(
+                hf.encoder,
+                wordpiece_from_vocab(hf.vocab_file, lowercase=hf.lowercase),
+                hf.pooler,
+                {"init_from": str(init_from), "checkpoint_config": dataclasses.asdict(hf.config)},
+            )
+        else:
+            if ctx.profile == "default":
+                log.warning(
+                    "no BERT checkpoint found (run scripts/fetch_checkpoint.py or pass --init-from): "
+                    "falling back to masked-LM pretraining from scratch, expect lower QA/NER scores"
+                )
+            _prepared[key] = pretrain_mlm(ctx)
+    return _prepared[key]
+
+
+def pretraining_texts(ctx: BuildContext) -> list[str]:
+    texts = [s for s, _ in load_sst2(ctx.data_dir, "train")]
+    squad = load_squad(ctx.data_dir, "train")
+    texts += sorted({ex.context for ex in squad}) + [ex.question for ex in squad]
+    texts += [" ".join(s.tokens) for s in load_conll(ctx.data_dir, "train")]
+    random.Random(ctx.seed).shuffle(texts)
+    return texts
+
+
+def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
+    """Masked-LM pretraining: 15% of tokens chosen, of those 80% [MASK], 10% random, 10% kept."""
+    s = profile_settings(ctx.profile, "bert")
+    texts = (
+        ctx.limit(pretraining_texts(ctx), "pretrain_texts") if s["pretrain_texts"] else pretraining_texts(ctx)
+    )
+    tokenizer = train_wordpiece(texts, s["vocab_size"])
+    config = BertConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=s["hidden_size"],
+        num_layers=s["num_layers"],
+        num_heads=s["num_heads"],
+        intermediate_size=s["intermediate_size"],
+        max_position=s["max_position"],
+    )
+    mlm = BertForMaskedLM(BertEncoder(config))
+    cls_id, sep_id, mask_id = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
+    stream = [
+        t for enc in tokenizer.encode_batch(texts, add_special_tokens=False) for t in [*enc.ids, sep_id]
+    ]
+    body = s["pretrain_len"] - 1
+    chunks = torch.tensor(stream[: len(stream) // body * body]).view(-1, body)
+    chunks = torch.cat([torch.full((len(chunks), 1), cls_id), chunks], dim=1)  # (N, L)
+    gen = torch.Generator().manual_seed(ctx.seed)
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            ids = chunks[torch.randint(0, len(chunks), (s["pretrain_batch"],), generator=gen)].clone()
+            chosen = (torch.rand(ids.shape, generator=gen) < 0.15) & (ids != cls_id) & (ids != sep_id)
+            labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+            roll = torch.rand(ids.shape, generator=gen)
+            ids[chosen & (roll < 0.8)] = mask_id
+            random_ids = torch.randint(5, config.vocab_size, ids.shape, generator=gen)
+            swap = chosen & (roll >= 0.8) & (roll < 0.9)
+            ids[swap] = random_ids[swap]
+            yield ids, labels
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+        ids, labels = batch
+        logits = m(ids, torch.ones_like(ids), torch.zeros_like(ids))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
+        return loss, len(ids), ids.numel()
+
+    spec = TrainSpec(s["pretrain_steps"], float(s["pretrain_budget_s"]), s["pretrain_lr"], warmup_steps=200)
+    result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
+    origin = {
+        "init_from": None,
+        "pretraining": {"objective": "masked-LM", "texts": len(texts), **result.summary()},
+    }
+    return PreparedEncoder(mlm.encoder, tokenizer, None, origin, result.losses)
+
+
+def truncate(ids: list[int], max_len: int) -> list[int]:
+    """Cut to max_len, keeping the final [SEP]."""
+    return ids if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
+
+
+def pad_batch(rows: list[list[int]], pad: int) -> torch.Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def length_bucketed(n: int, lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Batches of similar length (less padding), in random order."""
+    rng = random.Random(seed)
+    order = sorted(range(n), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def bert_feed(rng: np.random.Generator, vocab: int, batch: int, length: int) -> dict[str, np.ndarray]:
+    mask = np.ones((batch, length), dtype=np.int64)
+    mask[0, length - 2 :] = 0  # a padded row
+    types = np.zeros((batch, length), dtype=np.int64)
+    types[:, length // 2 :] = 1
+    return {
+        "input_ids": rng.integers(5, vocab, (batch, length)),
+        "attention_mask": mask,
+        "token_type_ids": types,
+    }
+
+
+def bert_graph(module: nn.Module, outputs: dict[str, list[str | int]], vocab: int, seed: int) -> GraphSpec:
+    rng = np.random.default_rng(seed)
+    example = bert_feed(rng, vocab, 2, 9)
+    return GraphSpec(
+        file="model.onnx",
+        module=module,
+        example_args=tuple(torch.from_numpy(example[k]) for k in BERT_INPUTS),
+        input_axes={k: ["batch", "sequence"] for k in BERT_INPUTS},
+        output_axes=outputs,
+        dynamic_shapes=tuple(auto_dims([0, 1]) for _ in BERT_INPUTS),
+        parity_inputs=[bert_feed(rng, vocab, 1, 12), bert_feed(rng, vocab, 4, 7)],
+    )
+
+
+def _head_manifest(
+    ctx: BuildContext, prepared: PreparedEncoder, task: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    tok = prepared.tokenizer
+    return {
+        "task": task,
+        "architecture": "bert",
+        "config": dataclasses.asdict(prepared.encoder.config),
+        "special_tokens": {
+            t.strip("[]").lower(): tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+        },
+        "encoder": prepared.origin,
+        **extra,
+    }
+
+
+def _train_head(
+    ctx: BuildContext,
+    model: nn.Module,
+    epoch: Callable[[int], Iterator[Any]],
+    loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]],
+    build_dir: Path,
+    prepared: PreparedEncoder,
+) -> TrainResult:
+    s = ctx.settings
+    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
+    result = train(
+        model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", build_dir / "training_curve.png"
+    )
+    if prepared.pretraining_losses:
+        save_curve(
+            prepared.pretraining_losses, build_dir / "pretraining_curve.png", "bert masked-LM pretraining"
+        )
+    return result
+
+
+def build_classifier(ctx: BuildContext) -> dict:
+    s = ctx.settings
+    prepared = prepare_encoder(ctx)
+    build_dir = fresh_model_dir(ctx)
+    tok = prepared.tokenizer
+    rows = ctx.limit(load_sst2(ctx.data_dir, "train"), "train_examples")
+    encoded = [truncate(e.ids, s["max_len"]) for e in tok.encode_batch([t for t, _ in rows])]
+    labels = torch.tensor([y for _, y in rows])
+    model = BertForSequenceClassification(copy.deepcopy(prepared.encoder), num_labels=len(SST2_LABELS))
+    if prepared.pooler is not None:
+        model.pooler.load_state_dict(prepared.pooler)
+    pad = tok.token_to_id("[PAD]")
+
+    def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in length_bucketed(len(encoded), [len(x) for x in encoded], s["batch_size"], ctx.seed + e):
+            yield pad_batch([encoded[i] for i in idx], pad), labels[idx]
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+        ids, y = batch
+        mask = (ids != pad).long()
+        return F.cross_entropy(m(ids, mask, torch.zeros_like(ids)), y), len(y), int(mask.sum())
+
+    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
+    graph = bert_graph(model, {"logits": ["batch", len(SST2_LABELS)]}, tok.get_vocab_size(), ctx.seed)
+    manifest = _head_manifest(
+        ctx,
+        prepared,
+        "text-classification",
+        {
+            "description": "BERT [CLS] classifier, SST-2 sentiment",
+            "labels": SST2_LABELS,
+            "max_sequence_length": s["max_len"],
+        },
+    )
+    training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
+    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+
+
+def build_qa(ctx: BuildContext) -> dict:
+    s = ctx.settings
+    prepared = prepare_encoder(ctx)
+    build_dir = fresh_model_dir(ctx)
+    tok = prepared.tokenizer
+    examples = ctx.limit(load_squad(ctx.data_dir, "train"), "train_examples")
+    # Training windows are shorter than serving windows (compute on 2 cores is the limit) and are mostly
+    # ones that contain the answer; a few answer-less ones teach the head to prefer [CLS] there.
+    rng = random.Random(ctx.seed)
+    features: list[tuple[list[int], list[int], int, int]] = []
+    for ex in examples:
+        answer_start, answer_text = ex.answers[0]
+        windows = qa_windows(
+            tok, ex.question, ex.context, s["train_max_len"], s["train_stride"], s["max_question_len"]
+        )
+        for window in windows:
+            span = answer_token_span(window, answer_start, answer_start + len(answer_text))
+            if span is None and rng.random() >= s["negative_fraction"]:
+                continue
+            start, end = span if span is not None else (0, 0)  # no answer in this window: point at [CLS]
+            features.append((window.input_ids, window.token_type_ids, start, end))
+    log.info("bert-qa: %d questions -> %d training windows", len(examples), len(features))
+    model = BertForQuestionAnswering(copy.deepcopy(prepared.encoder))
+    pad = tok.token_to_id("[PAD]")
+
+    def epoch(e: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        for idx in length_bucketed(
+            len(features), [len(f[0]) for f in features], s["batch_size"], ctx.seed + e
+        ):
+            batch = [features[i] for i in idx]
+            yield (
+                pad_batch([f[0] for f in batch], pad),
+                pad_batch([f[1] for f in batch], 0),
+                torch.tensor([f[2] for f in batch]),
+                torch.tensor([f[3] for f in batch]),
+            )
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, ...]):  # type: ignore[no-untyped-def]
+        ids, types, starts, ends = batch
+        mask = (ids != pad).long()
+        start_logits, end_logits = m(ids, mask, types)
+        loss = (F.cross_entropy(start_logits, starts) + F.cross_entropy(end_logits, ends)) / 2
+        return loss, len(ids), int(mask.sum())
+
+    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
+    graph = bert_graph(
+        model,
+        {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
+        tok.get_vocab_size(),
+        ctx.seed,
+    )
+    manifest = _head_manifest(
+        ctx,
+        prepared,
+        "question-answering",
+        {
+            "description": "BERT span head over (question, context), SQuAD v1.1",
+            "max_sequence_length": s["max_len"],
+            "qa": {
+                "stride": s["stride"],
+                "max_question_length": s["max_question_len"],
+                "max_answer_length": s["max_answer_len"],
+            },
+        },
+    )
+    training = {"data": "squad/train.json", "train_questions": len(examples), "train_windows": len(features)}
+    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+
+
+def encode_tagged(
+    tok: Tokenizer, tokens: list[str], tags: list[str] | None, max_len: int
+) -> tuple[list[int], list[int]]:
+    """Word-level tags -> ids and labels on each word's first sub-token (others ignored), truncated to max_len."""
+    enc = tok.encode(tokens, is_pretokenized=True)
+    ids, word_ids = enc.ids, enc.word_ids
+    if len(ids) > max_len:
+        ids, word_ids = truncate(ids, max_len), [*word_ids[: max_len - 1], None]
+    labels, seen = [], set()
+    for w in word_ids:
+        if w is None or w in seen or tags is None:
+            labels.append(IGNORE)
+        else:
+            seen.add(w)
+            labels.append(CONLL_LABELS.index(tags[w]))
+    return ids, labels
+
+
+def build_tagger(ctx: BuildContext) -> dict:
+    s = ctx.settings
+    prepared = prepare_encoder(ctx)
+    build_dir = fresh_model_dir(ctx)
+    tok = prepared.tokenizer
+    sentences = ctx.limit(load_conll(ctx.data_dir, "train"), "train_examples")
+    encoded = [encode_tagged(tok, sent.tokens, sent.tags, s["max_len"]) for sent in sentences]
+    model = BertForTokenClassification(copy.deepcopy(prepared.encoder), num_labels=len(CONLL_LABELS))
+    pad = tok.token_to_id("[PAD]")
+
+    def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], s["batch_size"], ctx.seed + e):
+            yield (
+                pad_batch([encoded[i][0] for i in idx], pad),
+                pad_batch([encoded[i][1] for i in idx], IGNORE),
+            )
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+        ids, labels = batch
+        mask = (ids != pad).long()
+        logits = m(ids, mask, torch.zeros_like(ids))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
+        return loss, len(ids), int(mask.sum())
+
+    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
+    graph = bert_graph(
+        model, {"logits": ["batch", "sequence", len(CONLL_LABELS)]}, tok.get_vocab_size(), ctx.seed
+    )
+    manifest = _head_manifest(
+        ctx,
+        prepared,
+        "token-classification",
+        {
+            "description": "BERT per-token BIO tagger, CoNLL-2003 English NER (IOB1 converted to BIO)",
+            "labels": CONLL_LABELS,
+            "max_sequence_length": s["max_len"],
+            "tagging": {"scheme": "BIO", "label_on": "first sub-token of each word"},
+        },
+    )
+    training = {"data": "conll2003/train.txt", "train_sentences": len(sentences)}
+    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+
+
+def clear_cache() -> None:
+    _prepared.clear()

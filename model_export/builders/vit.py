@@ -1,0 +1,100 @@
+"""vit: a Vision Transformer classifier on Fashion-MNIST, exported as one graph."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
+from ..onnx_export import GraphSpec, auto_dims
+from ..training import TrainSpec, infinite, train
+from ..vit import ViT, ViTConfig
+from .common import BuildContext, finish, fresh_model_dir
+
+
+def build(ctx: BuildContext) -> dict:
+    s = ctx.settings
+    build_dir = fresh_model_dir(ctx)
+    images, labels = load_fashion_mnist(ctx.data_dir, "train")
+    if s["train_examples"]:
+        images, labels = images[: s["train_examples"]], labels[: s["train_examples"]]
+    scaled = images.astype(np.float32) / 255.0
+    mean, std = float(scaled.mean()), float(scaled.std())
+    pixels = torch.from_numpy((scaled - mean) / std).unsqueeze(1)  # (N, 1, 28, 28)
+    targets = torch.from_numpy(labels.astype(np.int64))
+    config = ViTConfig(
+        image_size=28,
+        patch_size=s["patch_size"],
+        channels=1,
+        num_classes=len(FASHION_MNIST_CLASSES),
+        d_model=s["d_model"],
+        num_layers=s["num_layers"],
+        num_heads=s["num_heads"],
+        d_ff=s["d_ff"],
+    )
+    model = ViT(config)
+    batch_size = s["batch_size"]
+
+    def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(ctx.seed + e))
+        for i in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[i : i + batch_size]
+            x = pixels[idx]
+            flip = (
+                torch.rand(len(idx), generator=torch.Generator().manual_seed(ctx.seed * 7919 + e * 1000 + i))
+                < 0.5
+            )
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # clothes stay clothes when mirrored
+            yield x, targets[idx]
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return F.cross_entropy(m(x), y, label_smoothing=0.1), len(y), len(y)
+
+    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.05)
+    result = train(
+        model, infinite(epoch), loss_fn, spec, ctx.name, "images", build_dir / "training_curve.png"
+    )
+
+    rng = np.random.default_rng(ctx.seed)
+
+    def feed(n: int) -> dict[str, np.ndarray]:
+        return {"pixel_values": rng.standard_normal((n, 1, 28, 28)).astype(np.float32)}
+
+    graph = GraphSpec(
+        file="model.onnx",
+        module=model,
+        example_args=(torch.from_numpy(feed(2)["pixel_values"]),),
+        input_axes={"pixel_values": ["batch", 1, 28, 28]},
+        output_axes={"logits": ["batch", config.num_classes]},
+        dynamic_shapes=(auto_dims([0]),),
+        parity_inputs=[feed(1), feed(5)],
+    )
+    manifest = {
+        "task": "image-classification",
+        "architecture": "vit",
+        "description": "Vision Transformer (patch embedding, [CLS] token, learned positions), Fashion-MNIST",
+        "config": dataclasses.asdict(config),
+        "labels": FASHION_MNIST_CLASSES,
+        "preprocessing": {
+            "color_mode": "L",
+            "image_size": [28, 28],
+            "resample": "bilinear",
+            "scale": 1 / 255,
+            "mean": [mean],
+            "std": [std],
+            "layout": "NCHW",
+            "note": "Fashion-MNIST is a light object on a black background",
+        },
+    }
+    training = {
+        "data": "fashion_mnist/train-*",
+        "train_images": len(pixels),
+        "augmentation": "horizontal flip",
+    }
+    return finish(ctx, build_dir, None, {"model": graph}, manifest, training, result)

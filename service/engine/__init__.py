@@ -1,0 +1,1 @@
+"""Serving engine: batching, sampling and model sessions, independent of HTTP."""

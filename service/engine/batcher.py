@@ -1,0 +1,400 @@
+"""Dynamic batching for one model: a bounded queue and the task that turns it into batches.
+
+Mirrors TEI's ``queue`` + batching task. Callers ``submit`` one item with its token
+length and await the result; a single worker task forms batches under a size and a
+padded-token budget, splits each batch into length-sorted sub-batches, and runs them
+one at a time in a dedicated thread (the model call blocks, but ONNX Runtime releases
+the GIL, so the event loop keeps serving). Knows nothing of HTTP or of any model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
+
+__all__ = [
+    "BatchPolicy",
+    "BatcherClosedError",
+    "BatcherObserver",
+    "DynamicBatcher",
+    "EngineError",
+    "NullObserver",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "split_by_length",
+]
+
+log = logging.getLogger(__name__)
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+T = TypeVar("T")
+
+# Weight of the newest batch in the running average used for Retry-After.
+_EWMA_ALPHA = 0.2
+
+
+@dataclass
+class BatchPolicy:
+    """Limits for one model's queue and batches.
+
+    ``split_ratio`` / ``split_min_tokens`` control the length-sorted sub-batches (see
+    ``split_by_length``); ``split_ratio <= 1`` keeps every formed batch whole.
+    """
+
+    max_batch_size: int
+    max_batch_tokens: int
+    max_queue_delay_ms: float
+    max_queue_size: int
+    queue_timeout_s: float
+    split_ratio: float = 2.0
+    split_min_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        assert self.max_batch_size >= 1, "max_batch_size must be at least 1"
+        assert self.max_batch_tokens >= 1, "max_batch_tokens must be at least 1"
+        assert self.max_queue_delay_ms >= 0, "max_queue_delay_ms must be >= 0"
+        assert self.max_queue_size >= 1, "max_queue_size must be at least 1"
+        assert self.queue_timeout_s > 0, "queue_timeout_s must be positive"
+
+
+class BatcherObserver(Protocol):
+    """Where metrics hook in, without the engine depending on prometheus.
+
+    Called on the event loop, at the point where each decision is made.
+    Reject reasons: ``"queue_full"``, ``"timeout"``, ``"cancelled"``, ``"closed"``.
+    """
+
+    def on_enqueue(self, depth: int) -> None: ...
+
+    def on_dequeue(self, depth: int) -> None: ...
+
+    def on_reject(self, reason: str) -> None: ...
+
+    def on_batch(
+        self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
+    ) -> None: ...
+
+
+class NullObserver:
+    """No-op observer; subclass it and override only the hooks you need."""
+
+    def on_enqueue(self, depth: int) -> None:
+        pass
+
+    def on_dequeue(self, depth: int) -> None:
+        pass
+
+    def on_reject(self, reason: str) -> None:
+        pass
+
+    def on_batch(
+        self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
+    ) -> None:
+        pass
+
+
+def split_by_length(
+    items: Sequence[T], cost: Callable[[T], int], ratio: float = 2.0, min_tokens: int = 16
+) -> list[list[T]]:
+    """Sort by cost and cut into runs of similar length, so short sequences are not padded to long ones.
+
+    Rule: walking the items shortest first, a new run starts when an item's cost exceeds
+    ``ratio * max(run_shortest, min_tokens)``. With ratio 2, at most half of a run's
+    padded tokens is padding (unless everything is short); items up to
+    ``ratio * min_tokens`` tokens long always stay together, because one more model call
+    costs more than padding a handful of tokens. ``ratio <= 1`` disables splitting.
+    """
+    ordered = sorted(items, key=cost)
+    if ratio <= 1:
+        return [ordered] if ordered else []
+    runs: list[list[T]] = []
+    limit = -1.0
+    for item in ordered:
+        c = cost(item)
+        if not runs or c > limit:
+            runs.append([])
+            limit = ratio * max(c, min_tokens)
+        runs[-1].append(item)
+    return runs
+
+
+@dataclass(eq=False)
+class _Entry(Generic[In, Out]):
+    item: In
+    cost: int
+    future: asyncio.Future[Out]
+    enqueued_at: float
+    taken: bool = False
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class DynamicBatcher(Generic[In, Out]):
+    """Queue + batching task for one model.
+
+    ``run_batch`` is blocking and returns one result or exception per item, in order. It
+    runs on a single-thread executor owned by this batcher, so one model never runs two
+    batches at once, and a slow model does not starve another model's batcher.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        policy: BatchPolicy,
+        run_batch: Callable[[list[In]], Sequence[Out | BaseException]],
+        observer: BatcherObserver | None = None,
+    ) -> None:
+        self.name = name
+        self.policy = policy
+        self._run_batch = run_batch
+        self._observer: BatcherObserver = observer if observer is not None else NullObserver()
+        self._queue: deque[_Entry[In, Out]] = deque()
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+        self._in_flight = 0
+        self._avg_batch_s = 0.0
+        self.dropped_cancelled = 0
+        self.rejected_full = 0
+        self.expired = 0
+
+    # --- public API ---------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Entries waiting in the queue (not counting the batch being computed)."""
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Entries taken into the batch now being computed."""
+        return self._in_flight
+
+    @property
+    def running(self) -> bool:
+        return self._worker is not None and not self._closed
+
+    async def start(self) -> None:
+        """Start the batching task on the running loop; idempotent."""
+        if self._closed:
+            raise BatcherClosedError(self.name, "stopped")
+        if self._worker is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batcher-{self.name}")
+        self._worker = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
+
+    async def submit(self, item: In, cost: int) -> Out:
+        """Queue ``item`` (``cost`` = its token length) and wait for its result.
+
+        Never blocks on a full queue: raises ``QueueFullError`` at once. If the caller is
+        cancelled while the entry still waits, the entry is removed and never reaches
+        the model.
+        """
+        if not self.running:
+            self._observer.on_reject("closed")
+            raise BatcherClosedError(self.name, "not started" if self._worker is None else "shutting down")
+        if len(self._queue) >= self.policy.max_queue_size:
+            self.rejected_full += 1
+            self._observer.on_reject("queue_full")
+            raise QueueFullError(self.name, len(self._queue), self.retry_after_s())
+        loop = asyncio.get_running_loop()
+        entry: _Entry[In, Out] = _Entry(item, cost, loop.create_future(), time.monotonic())
+        entry.timer = loop.call_later(self.policy.queue_timeout_s, self._expire, entry)
+        self._queue.append(entry)
+        self._observer.on_enqueue(len(self._queue))
+        self._wakeup.set()
+        try:
+            return await entry.future
+        except asyncio.CancelledError:
+            self._drop_cancelled(entry)
+            raise
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until the queue has likely drained: queued batches x recent batch time, >= 1."""
+        batches_ahead = math.ceil((len(self._queue) + 1) / self.policy.max_batch_size)
+        return max(1, math.ceil(batches_ahead * self._avg_batch_s))
+
+    async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
+        """Stop accepting; finish queued work (``drain``) and the batch in flight within ``timeout_s``.
+
+        Whatever is still unanswered after that fails with ``BatcherClosedError``. The
+        model call in flight cannot be interrupted; its thread finishes on its own.
+        """
+        self._closed = True
+        if not drain:
+            self._fail_queued()
+        self._wakeup.set()
+        if self._worker is not None and not self._worker.done():
+            _, pending = await asyncio.wait({self._worker}, timeout=timeout_s)
+            if pending:
+                log.warning("batcher %s: stop timed out after %.1fs, failing the rest", self.name, timeout_s)
+                self._worker.cancel()
+                await asyncio.wait({self._worker})
+        self._fail_queued()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- queue bookkeeping ----------------------------------------------------------
+
+    def _remove(self, entry: _Entry[In, Out]) -> None:
+        self._queue.remove(entry)
+        if entry.timer is not None:
+            entry.timer.cancel()
+        self._observer.on_dequeue(len(self._queue))
+
+    def _drop_cancelled(self, entry: _Entry[In, Out]) -> None:
+        """The caller went away while its entry was still queued: drop it before the model sees it."""
+        if entry.taken or entry not in self._queue:
+            return
+        self._remove(entry)
+        self._count_cancelled(1)
+
+    def _count_cancelled(self, n: int) -> None:
+        self.dropped_cancelled += n
+        for _ in range(n):
+            self._observer.on_reject("cancelled")
+
+    def _expire(self, entry: _Entry[In, Out]) -> None:
+        """Timer callback (and a check while forming): fail an entry that waited too long."""
+        if entry.taken or entry.future.done():
+            return
+        self._remove(entry)
+        self.expired += 1
+        self._observer.on_reject("timeout")
+        entry.future.set_exception(QueueTimeoutError(self.name, time.monotonic() - entry.enqueued_at))
+
+    def _fail_queued(self) -> None:
+        while self._queue:
+            entry = self._queue[0]
+            self._remove(entry)
+            if not entry.future.done():
+                self._observer.on_reject("closed")
+                entry.future.set_exception(BatcherClosedError(self.name))
+
+    # --- batching task -----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while await self._wait_for_batch():
+            batch = self._take_batch()
+            if not batch:
+                continue
+            try:
+                await self._execute(batch)
+            except Exception as exc:  # a bug here must not stop the model from serving
+                log.exception("batcher %s: unexpected error while running a batch", self.name)
+                self._fail(batch, EngineError(f"internal batching error: {exc!r}"))
+
+    async def _wait_for_batch(self) -> bool:
+        """Wait until a batch is worth forming; False once closed with nothing left to do."""
+        delay_s = self.policy.max_queue_delay_ms / 1000.0
+        while True:
+            if not self._queue:
+                if self._closed:
+                    return False
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self._closed or self._queue_fills_a_batch():
+                return True
+            remaining = self._queue[0].enqueued_at + delay_s - time.monotonic()
+            if remaining <= 0:
+                return True
+            self._wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+
+    def _queue_fills_a_batch(self) -> bool:
+        """No point waiting for more once the head of the queue already fills the size or token budget."""
+        head = list(itertools.islice(self._queue, self.policy.max_batch_size))
+        if len(head) >= self.policy.max_batch_size:
+            return True
+        return max(e.cost for e in head) * len(head) >= self.policy.max_batch_tokens
+
+    def _take_batch(self) -> list[_Entry[In, Out]]:
+        """Take entries oldest-first while ``max(cost) * count`` fits the budget (a lone oversized entry still goes)."""
+        now = time.monotonic()
+        batch: list[_Entry[In, Out]] = []
+        max_cost = 0
+        while self._queue and len(batch) < self.policy.max_batch_size:
+            entry = self._queue[0]
+            if entry.future.done():  # defensive: should already have been removed
+                self._queue.popleft()
+                continue
+            if now - entry.enqueued_at > self.policy.queue_timeout_s:
+                self._expire(entry)
+                continue
+            padded = max(max_cost, entry.cost) * (len(batch) + 1)
+            if batch and padded > self.policy.max_batch_tokens:
+                break
+            self._queue.popleft()
+            if entry.timer is not None:
+                entry.timer.cancel()
+            entry.taken = True
+            max_cost = max(max_cost, entry.cost)
+            batch.append(entry)
+        if batch:
+            self._observer.on_dequeue(len(self._queue))
+        return batch
+
+    async def _execute(self, batch: list[_Entry[In, Out]]) -> None:
+        started = time.monotonic()
+        self._in_flight = len(batch)
+        try:
+            for sub in split_by_length(
+                batch, lambda e: e.cost, self.policy.split_ratio, self.policy.split_min_tokens
+            ):
+                live = [e for e in sub if not e.future.done()]
+                # Callers cancelled while an earlier sub-batch ran still never reach the model.
+                self._count_cancelled(len(sub) - len(live))
+                if live:
+                    await self._run_sub_batch(live)
+        except asyncio.CancelledError:  # stop() ran out of time
+            self._fail(batch, BatcherClosedError(self.name, "stopped before the batch finished"))
+            raise
+        finally:
+            self._in_flight = 0
+        elapsed = time.monotonic() - started
+        self._avg_batch_s = (
+            elapsed
+            if self._avg_batch_s == 0
+            else (_EWMA_ALPHA * elapsed + (1 - _EWMA_ALPHA) * self._avg_batch_s)
+        )
+
+    async def _run_sub_batch(self, entries: list[_Entry[In, Out]]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        queue_seconds = [started - e.enqueued_at for e in entries]
+        results: Sequence[Out | BaseException]
+        try:
+            results = await loop.run_in_executor(self._executor, self._run_batch, [e.item for e in entries])
+            if len(results) != len(entries):
+                raise EngineError(f"run_batch returned {len(results)} results for {len(entries)} items")
+        except Exception as exc:  # the whole call failed: every item of this sub-batch gets the error
+            results = [exc] * len(entries)
+        compute_seconds = time.monotonic() - started
+        padded = max(e.cost for e in entries) * len(entries)
+        self._observer.on_batch(len(entries), padded, queue_seconds, compute_seconds)
+        for entry, result in zip(entries, results, strict=True):
+            if entry.future.done():  # caller left during the computation
+                continue
+            if isinstance(result, BaseException):
+                entry.future.set_exception(result)
+            else:
+                entry.future.set_result(result)
+
+    def _fail(self, entries: list[_Entry[In, Out]], error: BaseException) -> None:
+        for entry in entries:
+            if not entry.future.done():
+                entry.future.set_exception(error)

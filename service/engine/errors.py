@@ -1,0 +1,39 @@
+"""Engine errors: the HTTP layer maps each class to one response in a single handler table."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class QueueFullError(EngineError):
+    """The model's queue is at capacity; the client should come back after ``retry_after_s``.
+
+    Raised at once instead of waiting, so an overloaded server answers 429/503 with
+    ``Retry-After`` rather than letting connections pile up.
+    """
+
+    def __init__(self, model: str, depth: int, retry_after_s: int) -> None:
+        super().__init__(f"queue for model {model!r} is full ({depth} waiting); retry after {retry_after_s}s")
+        self.model = model
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeoutError(EngineError):
+    """The request waited longer than the queue timeout before a batch picked it up."""
+
+    def __init__(self, model: str, waited_s: float) -> None:
+        super().__init__(f"request for model {model!r} waited {waited_s:.3f}s in the queue and timed out")
+        self.model = model
+        self.waited_s = waited_s
+
+
+class BatcherClosedError(EngineError):
+    """The batcher is not running (not started, shutting down, or stopped)."""
+
+    def __init__(self, model: str, reason: str = "shutting down") -> None:
+        super().__init__(f"model {model!r} is not accepting requests: {reason}")
+        self.model = model
+        self.reason = reason

@@ -1,0 +1,395 @@
+"""DynamicBatcher: batch limits, ordering, backpressure, cancellation, failures, shutdown.
+
+A fake model records the batches it receives. A gate (threading.Event) holds the model
+busy on its first batch so the queue fills deterministically; assertions are on counts,
+contents and order, never on durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from service.engine.batcher import (
+    BatcherClosedError,
+    BatchPolicy,
+    DynamicBatcher,
+    NullObserver,
+    QueueFullError,
+    QueueTimeoutError,
+    split_by_length,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+Item = tuple[str, int]  # (name, cost)
+
+
+class FakeModel:
+    """run_batch collaborator: records every call and answers f(item); blocks while the gate is shut."""
+
+    def __init__(self, gated: bool = False) -> None:
+        self.calls: list[list[Item]] = []
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
+
+    def __call__(self, items: list[Item]) -> Sequence[Any]:
+        self.calls.append(list(items))
+        self.started.set()
+        assert self.gate.wait(timeout=10), "test never released the gate"
+        return [self.answer(item) for item in items]
+
+    @staticmethod
+    def answer(item: Item) -> Any:
+        return f"out:{item[0]}"
+
+    def seen(self) -> list[str]:
+        return [name for call in self.calls for name, _ in call]
+
+    async def wait_started(self) -> None:
+        assert await asyncio.to_thread(self.started.wait, 10)
+
+
+class RecordingObserver(NullObserver):
+    def __init__(self) -> None:
+        self.rejects: list[str] = []
+        self.batches: list[tuple[int, int, int]] = []  # (size, padded_tokens, len(queue_seconds))
+
+    def on_reject(self, reason: str) -> None:
+        self.rejects.append(reason)
+
+    def on_batch(
+        self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
+    ) -> None:
+        assert compute_seconds >= 0 and all(q >= 0 for q in queue_seconds)
+        self.batches.append((size, padded_tokens, len(queue_seconds)))
+
+
+def policy(**overrides: Any) -> BatchPolicy:
+    values: dict[str, Any] = dict(
+        max_batch_size=8,
+        max_batch_tokens=10_000,
+        max_queue_delay_ms=5.0,
+        max_queue_size=100,
+        queue_timeout_s=10.0,
+    )
+    values.update(overrides)
+    return BatchPolicy(**values)
+
+
+def run(
+    model: FakeModel,
+    pol: BatchPolicy,
+    body: Callable[[DynamicBatcher[Item, Any]], Awaitable[None]],
+    observer: NullObserver | None = None,
+) -> None:
+    """Start a batcher, run the test body, always stop it and open the gate so no thread is left blocked."""
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", pol, model, observer=observer)
+        await batcher.start()
+        try:
+            await body(batcher)
+        finally:
+            model.gate.set()
+            await batcher.stop(drain=False, timeout_s=5)
+
+    asyncio.run(main())
+
+
+async def busy(batcher: DynamicBatcher[Item, Any], model: FakeModel) -> asyncio.Task[Any]:
+    """Occupy the model with a first request and wait until it is inside run_batch."""
+    task = asyncio.create_task(batcher.submit(("first", 1), 1))
+    await model.wait_started()
+    return task
+
+
+def queue_items(batcher: DynamicBatcher[Item, Any], items: list[Item]) -> list[asyncio.Task[Any]]:
+    return [asyncio.create_task(batcher.submit(item, item[1])) for item in items]
+
+
+async def settle() -> None:
+    """Let freshly created submit tasks run up to their await."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+# --- batch formation ------------------------------------------------------------------
+
+
+def test_batches_respect_size_and_token_budget_and_results_match() -> None:
+    rng = random.Random(0)
+    items = [(f"i{n}", rng.randint(1, 20)) for n in range(40)] + [("huge", 100)]
+    model = FakeModel(gated=True)
+    pol = policy(max_batch_size=4, max_batch_tokens=40, split_ratio=1.0)  # no sub-splitting
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        tasks = queue_items(batcher, items)
+        await settle()
+        assert batcher.depth == len(items)
+        model.gate.set()
+        results = await asyncio.gather(first, *tasks)
+        assert results == [FakeModel.answer(("first", 1))] + [FakeModel.answer(item) for item in items]
+
+    run(model, pol, body)
+    assert sorted(model.seen()) == sorted(["first"] + [name for name, _ in items])
+    for call in model.calls:
+        assert len(call) <= 4
+        costs = [cost for _, cost in call]
+        assert max(costs) * len(costs) <= 40 or len(call) == 1
+    assert [("huge", 100)] in model.calls  # bigger than the budget: runs alone
+    assert len(model.calls) > 1 + len(items) // 4  # the budget, not only the size, cut batches
+
+
+def test_concurrent_submits_each_get_their_own_result() -> None:
+    model = FakeModel()
+    items = [(f"x{n}", 1 + n % 7) for n in range(60)]
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        results = await asyncio.gather(*(batcher.submit(item, item[1]) for item in items))
+        assert results == [FakeModel.answer(item) for item in items]
+
+    run(model, policy(max_batch_size=8), body)
+    assert all(len(call) <= 8 for call in model.calls)
+    assert sorted(model.seen()) == sorted(name for name, _ in items)
+
+
+def test_split_by_length_rule() -> None:
+    costs = [30, 2, 17, 3, 60, 5, 33, 4]
+    assert split_by_length(costs, lambda c: c, ratio=2.0, min_tokens=1) == [
+        [2, 3, 4],
+        [5],
+        [17, 30, 33],
+        [60],
+    ]
+    # Short sequences (<= ratio * min_tokens) are never split.
+    assert split_by_length(costs, lambda c: c, ratio=2.0, min_tokens=16) == [[2, 3, 4, 5, 17, 30], [33, 60]]
+    assert split_by_length(costs, lambda c: c, ratio=1.0) == [sorted(costs)]
+    assert split_by_length([], lambda c: c) == []
+
+
+def test_sub_batches_are_length_sorted() -> None:
+    model = FakeModel(gated=True)
+    costs = [30, 2, 17, 3, 60, 5, 33, 4]
+    items = [(f"c{c}", c) for c in costs]
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        tasks = queue_items(batcher, items)
+        await settle()
+        model.gate.set()
+        await asyncio.gather(first, *tasks)
+
+    run(model, policy(max_batch_size=16, split_ratio=2.0, split_min_tokens=1), body)
+    sub_batches = [[cost for _, cost in call] for call in model.calls[1:]]
+    assert sub_batches == [[2, 3, 4], [5], [17, 30, 33], [60]]
+
+
+# --- backpressure, timeouts, cancellation ------------------------------------------------
+
+
+def test_full_queue_rejects_at_once_with_retry_after() -> None:
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        tasks = queue_items(batcher, [(f"q{n}", 1) for n in range(3)])
+        await settle()
+        assert batcher.depth == 3
+        with pytest.raises(QueueFullError) as info:
+            # The model is still blocked: this can only return because submit does not wait.
+            await asyncio.wait_for(batcher.submit(("overflow", 1), 1), timeout=5)
+        assert info.value.retry_after_s >= 1
+        assert isinstance(info.value.retry_after_s, int)
+        assert batcher.rejected_full == 1
+        model.gate.set()
+        await asyncio.gather(first, *tasks)
+
+    run(model, policy(max_queue_size=3), body, observer)
+    assert "overflow" not in model.seen()
+    assert observer.rejects == ["queue_full"]
+
+
+def test_entry_waiting_past_queue_timeout_fails() -> None:
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        with pytest.raises(QueueTimeoutError):
+            await batcher.submit(("late", 1), 1)  # model still blocked: it can only time out
+        assert batcher.expired == 1 and batcher.depth == 0
+        model.gate.set()
+        await first
+        assert await batcher.submit(("after", 1), 1) == FakeModel.answer(("after", 1))
+
+    run(model, policy(queue_timeout_s=0.05), body, observer)
+    assert "late" not in model.seen()
+    assert observer.rejects == ["timeout"]
+
+
+def test_cancelled_submit_never_reaches_the_model() -> None:
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        gone, kept = queue_items(batcher, [("gone", 1), ("kept", 1)])
+        await settle()
+        assert batcher.depth == 2
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert batcher.dropped_cancelled == 1 and batcher.depth == 1
+        model.gate.set()
+        await first
+        assert await kept == FakeModel.answer(("kept", 1))
+
+    run(model, policy(), body, observer)
+    assert "gone" not in model.seen() and "kept" in model.seen()
+    assert observer.rejects == ["cancelled"]
+
+
+# --- failures ----------------------------------------------------------------------------
+
+
+def test_exception_for_one_item_fails_only_that_item() -> None:
+    def run_batch(items: list[Item]) -> list[Any]:
+        return [ValueError(name) if name.startswith("bad") else f"ok:{name}" for name, _ in items]
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(max_queue_delay_ms=20), run_batch)
+        await batcher.start()
+        names = ["a", "bad1", "b", "bad2", "c"]
+        results = await asyncio.gather(*(batcher.submit((n, 1), 1) for n in names), return_exceptions=True)
+        await batcher.stop()
+        assert results[0] == "ok:a" and results[2] == "ok:b" and results[4] == "ok:c"
+        assert isinstance(results[1], ValueError) and str(results[1]) == "bad1"
+        assert isinstance(results[3], ValueError) and str(results[3]) == "bad2"
+
+    asyncio.run(main())
+
+
+def test_run_batch_raising_fails_that_batch_and_batcher_keeps_running() -> None:
+    model = FakeModel(gated=True)
+    calls: list[list[str]] = []
+
+    def run_batch(items: list[Item]) -> Sequence[Any]:
+        calls.append([name for name, _ in items])
+        if any(name == "boom" for name, _ in items):
+            raise RuntimeError("model exploded")
+        return model(items)
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(), run_batch)
+        await batcher.start()
+        first = await busy(batcher, model)
+        tasks = queue_items(batcher, [("boom", 1), ("victim", 1)])
+        await settle()
+        model.gate.set()
+        await first
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) for r in results)
+        assert await batcher.submit(("next", 1), 1) == FakeModel.answer(("next", 1))
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert calls == [["first"], ["boom", "victim"], ["next"]]
+
+
+def test_observer_sees_every_model_call() -> None:
+    model = FakeModel()
+    observer = RecordingObserver()
+    items = [(f"o{n}", 2) for n in range(10)]
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        await asyncio.gather(*(batcher.submit(item, item[1]) for item in items))
+
+    run(model, policy(max_batch_size=4), body, observer)
+    assert [size for size, _, _ in observer.batches] == [len(call) for call in model.calls]
+    assert all(padded == 2 * size and n == size for size, padded, n in observer.batches)
+    assert sum(size for size, _, _ in observer.batches) == len(items)
+
+
+# --- shutdown ------------------------------------------------------------------------------
+
+
+def test_stop_with_drain_finishes_queued_work_then_refuses() -> None:
+    model = FakeModel(gated=True)
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(max_batch_size=2), model)
+        await batcher.start()
+        first = await busy(batcher, model)
+        items = [(f"d{n}", 1) for n in range(5)]
+        tasks = queue_items(batcher, items)
+        await settle()
+        stopping = asyncio.create_task(batcher.stop(drain=True, timeout_s=10))
+        await settle()
+        with pytest.raises(BatcherClosedError):
+            await batcher.submit(("refused", 1), 1)
+        model.gate.set()
+        await stopping
+        assert await first == FakeModel.answer(("first", 1))
+        assert await asyncio.gather(*tasks) == [FakeModel.answer(item) for item in items]
+        with pytest.raises(BatcherClosedError):
+            await batcher.submit(("later", 1), 1)
+
+    asyncio.run(main())
+    assert "refused" not in model.seen() and "later" not in model.seen()
+
+
+def test_stop_without_drain_fails_queued_but_finishes_in_flight() -> None:
+    model = FakeModel(gated=True)
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(), model)
+        await batcher.start()
+        first = await busy(batcher, model)
+        tasks = queue_items(batcher, [("w1", 1), ("w2", 1)])
+        await settle()
+        stopping = asyncio.create_task(batcher.stop(drain=False, timeout_s=10))
+        await settle()
+        model.gate.set()
+        await stopping
+        assert await first == FakeModel.answer(("first", 1))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, BatcherClosedError) for r in results)
+
+    asyncio.run(main())
+    assert model.seen() == ["first"]
+
+
+def test_stop_timeout_fails_the_batch_in_flight() -> None:
+    model = FakeModel(gated=True)
+
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(), model)
+        await batcher.start()
+        first = await busy(batcher, model)
+        try:
+            await batcher.stop(drain=True, timeout_s=0.05)  # the model never finishes in time
+            with pytest.raises(BatcherClosedError):
+                await first
+        finally:
+            model.gate.set()  # let the worker thread end
+
+    asyncio.run(main())
+
+
+def test_submit_before_start_is_refused() -> None:
+    async def main() -> None:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher("fake", policy(), FakeModel())
+        with pytest.raises(BatcherClosedError):
+            await batcher.submit(("early", 1), 1)
+
+    asyncio.run(main())
