@@ -7,26 +7,11 @@ entries made by an older model can never be served for a newer one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def content_version(files: dict[str, dict[str, Any]]) -> str:
-    joined = "".join(f"{name}:{entry['sha256']}\n" for name, entry in sorted(files.items()))
-    return hashlib.sha256(joined.encode()).hexdigest()[:16]
+from service.engine.manifest import FORMAT_VERSION, MANIFEST, content_version, file_sha256
 
 
 def write_manifest(model_dir: Path, manifest: dict[str, Any], served_files: list[str]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class GraphSpec:
     output_axes: dict[str, list[str | int]]  # output name -> axis names, in return order
     dynamic_shapes: tuple[Any, ...]
     parity_inputs: list[dict[str, np.ndarray]] = field(default_factory=list)
-    tolerance: float = 1e-4
+    tolerance: float = 1e-3  # absolute, on logits of order 1-10; the measured figure goes in the manifest
 
 
 def auto_dims(*axes: Sequence[int]) -> dict[int, Any]:

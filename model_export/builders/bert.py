@@ -15,7 +15,6 @@ import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,7 +39,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import profile_settings
 from ..tokenization import train_wordpiece, wordpiece_from_vocab
 from ..training import TrainResult, TrainSpec, infinite, save_curve, train
-from .common import BuildContext, finish, fresh_model_dir
+from .common import BuildContext, Trained
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +193,7 @@ def bert_graph(module: nn.Module, outputs: dict[str, list[str | int]], vocab: in
     )
 
 
-def _head_manifest(
-    ctx: BuildContext, prepared: PreparedEncoder, task: str, extra: dict[str, Any]
-) -> dict[str, Any]:
+def _head_manifest(prepared: PreparedEncoder, task: str, extra: dict[str, Any]) -> dict[str, Any]:
     tok = prepared.tokenizer
     return {
         "task": task,
@@ -215,25 +212,23 @@ def _train_head(
     model: nn.Module,
     epoch: Callable[[int], Iterator[Any]],
     loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]],
-    build_dir: Path,
     prepared: PreparedEncoder,
 ) -> TrainResult:
     s = ctx.settings
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
     result = train(
-        model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", build_dir / "training_curve.png"
+        model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"
     )
     if prepared.pretraining_losses:
         save_curve(
-            prepared.pretraining_losses, build_dir / "pretraining_curve.png", "bert masked-LM pretraining"
+            prepared.pretraining_losses, ctx.work_dir / "pretraining_curve.png", "bert masked-LM pretraining"
         )
     return result
 
 
-def build_classifier(ctx: BuildContext) -> dict:
+def train_classifier(ctx: BuildContext) -> Trained:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
-    build_dir = fresh_model_dir(ctx)
     tok = prepared.tokenizer
     rows = ctx.limit(load_sst2(ctx.data_dir, "train"), "train_examples")
     encoded = [truncate(e.ids, s["max_len"]) for e in tok.encode_batch([t for t, _ in rows])]
@@ -252,10 +247,8 @@ def build_classifier(ctx: BuildContext) -> dict:
         mask = (ids != pad).long()
         return F.cross_entropy(m(ids, mask, torch.zeros_like(ids)), y), len(y), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
-    graph = bert_graph(model, {"logits": ["batch", len(SST2_LABELS)]}, tok.get_vocab_size(), ctx.seed)
+    result = _train_head(ctx, model, epoch, loss_fn, prepared)
     manifest = _head_manifest(
-        ctx,
         prepared,
         "text-classification",
         {
@@ -265,13 +258,12 @@ def build_classifier(ctx: BuildContext) -> dict:
         },
     )
     training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
-    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+    return Trained(ctx.name, model, tok, manifest, training, result)
 
 
-def build_qa(ctx: BuildContext) -> dict:
+def train_qa(ctx: BuildContext) -> Trained:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
-    build_dir = fresh_model_dir(ctx)
     tok = prepared.tokenizer
     examples = ctx.limit(load_squad(ctx.data_dir, "train"), "train_examples")
     # Training windows are shorter than serving windows (compute on 2 cores is the limit) and are mostly
@@ -312,15 +304,8 @@ def build_qa(ctx: BuildContext) -> dict:
         loss = (F.cross_entropy(start_logits, starts) + F.cross_entropy(end_logits, ends)) / 2
         return loss, len(ids), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
-    graph = bert_graph(
-        model,
-        {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
-        tok.get_vocab_size(),
-        ctx.seed,
-    )
+    result = _train_head(ctx, model, epoch, loss_fn, prepared)
     manifest = _head_manifest(
-        ctx,
         prepared,
         "question-answering",
         {
@@ -334,7 +319,7 @@ def build_qa(ctx: BuildContext) -> dict:
         },
     )
     training = {"data": "squad/train.json", "train_questions": len(examples), "train_windows": len(features)}
-    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+    return Trained(ctx.name, model, tok, manifest, training, result)
 
 
 def encode_tagged(
@@ -355,10 +340,9 @@ def encode_tagged(
     return ids, labels
 
 
-def build_tagger(ctx: BuildContext) -> dict:
+def train_tagger(ctx: BuildContext) -> Trained:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
-    build_dir = fresh_model_dir(ctx)
     tok = prepared.tokenizer
     sentences = ctx.limit(load_conll(ctx.data_dir, "train"), "train_examples")
     encoded = [encode_tagged(tok, sent.tokens, sent.tags, s["max_len"]) for sent in sentences]
@@ -379,12 +363,8 @@ def build_tagger(ctx: BuildContext) -> dict:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, build_dir, prepared)
-    graph = bert_graph(
-        model, {"logits": ["batch", "sequence", len(CONLL_LABELS)]}, tok.get_vocab_size(), ctx.seed
-    )
+    result = _train_head(ctx, model, epoch, loss_fn, prepared)
     manifest = _head_manifest(
-        ctx,
         prepared,
         "token-classification",
         {
@@ -395,7 +375,20 @@ def build_tagger(ctx: BuildContext) -> dict:
         },
     )
     training = {"data": "conll2003/train.txt", "train_sentences": len(sentences)}
-    return finish(ctx, build_dir, tok, {"model": graph}, manifest, training, result)
+    return Trained(ctx.name, model, tok, manifest, training, result)
+
+
+def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
+    """One graph (input_ids, attention_mask, token_type_ids) -> the head's outputs, axes named per task."""
+    assert trained.tokenizer is not None
+    task = trained.manifest["task"]
+    labels = len(trained.manifest.get("labels", []))
+    outputs: dict[str, list[str | int]] = {
+        "text-classification": {"logits": ["batch", labels]},
+        "question-answering": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
+        "token-classification": {"logits": ["batch", "sequence", labels]},
+    }[task]
+    return {"model": bert_graph(trained.model, outputs, trained.tokenizer.get_vocab_size(), seed)}
 
 
 def clear_cache() -> None:

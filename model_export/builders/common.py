@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer
+from torch import nn
 
 from ..manifest import write_manifest
 from ..onnx_export import OPSET, GraphSpec, export_graph
+
+__all__ = ["GraphSpec"]
 from ..training import TrainResult
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,13 @@ class BuildContext:
     def model_dir(self) -> Path:
         return self.out_dir / self.name
 
+    @property
+    def work_dir(self) -> Path:
+        """Where training leaves its checkpoint and curves until export writes the model folder."""
+        path = self.out_dir / ".work" / self.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def limit(self, items: list[Any], key: str) -> list[Any]:
         """The first `settings[key]` items (None = all): the tiny profile trains on a slice."""
         n = self.settings.get(key)
@@ -42,12 +52,36 @@ class BuildContext:
         return float(self.settings[key])
 
 
-def fresh_model_dir(ctx: BuildContext) -> Path:
-    """Build into <name>.partial and swap at the end, so a failed build never leaves a half folder served."""
-    partial = ctx.out_dir / f"{ctx.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    return partial
+@dataclass
+class Trained:
+    """What training hands to export: the module, its tokenizer and the manifest fields it knows."""
+
+    name: str
+    model: nn.Module
+    tokenizer: Tokenizer | None
+    manifest: dict[str, Any]
+    training: dict[str, Any]
+    result: TrainResult
+
+    def save(self, path: Path) -> None:
+        state = {**self.__dict__, "tokenizer": self.tokenizer.to_str() if self.tokenizer else None}
+        torch.save(state, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Trained:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no trained checkpoint at {path}: run `python -m model_export train` first"
+            )
+        state = torch.load(path, weights_only=False)
+        state["tokenizer"] = Tokenizer.from_str(state["tokenizer"]) if state["tokenizer"] else None
+        return cls(**state)
+
+
+def fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def kv_cache_layout(num_layers: int, num_heads: int, head_dim: int) -> dict[str, Any]:
@@ -68,19 +102,18 @@ def past_names(num_layers: int, prefix: str) -> list[str]:
     return [f"{prefix}_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 
 
-def finish(
-    ctx: BuildContext,
-    build_dir: Path,
-    tokenizer: Tokenizer | None,
-    graphs: dict[str, GraphSpec],
-    manifest: dict[str, Any],
-    training: dict[str, Any],
-    result: TrainResult,
-) -> dict[str, Any]:
-    """Export the graphs, write tokenizer + manifest, then move the folder into place."""
+def export_model(ctx: BuildContext, trained: Trained, graphs: dict[str, GraphSpec]) -> dict[str, Any]:
+    """Export the graphs, write tokenizer + manifest + curves into <name>.partial, then swap it into place.
+
+    Building beside the live folder means a failed export never leaves a
+    half-written model where the service would load it.
+    """
+    build_dir = fresh_dir(ctx.out_dir / f"{ctx.name}.partial")
+    for png in sorted(ctx.work_dir.glob("*.png")):
+        shutil.copy2(png, build_dir / png.name)
     served = []
-    if tokenizer is not None:
-        tokenizer.save(str(build_dir / "tokenizer.json"))
+    if trained.tokenizer is not None:
+        trained.tokenizer.save(str(build_dir / "tokenizer.json"))
         served.append("tokenizer.json")
     exported = {}
     for role, spec in graphs.items():
@@ -88,13 +121,13 @@ def finish(
         served.append(spec.file)
     manifest = {
         "name": ctx.name,
-        **manifest,
+        **trained.manifest,
         "graphs": exported,
         "training": {
             "profile": ctx.profile,
             "seed": ctx.seed,
-            **training,
-            **result.summary(),
+            **trained.training,
+            **trained.result.summary(),
             "curve": "training_curve.png",
         },
         "export": {

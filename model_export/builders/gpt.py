@@ -15,7 +15,7 @@ from ..gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainSpec, train
-from .common import BuildContext, finish, fresh_model_dir, kv_cache_layout, past_names
+from .common import BuildContext, Trained, kv_cache_layout, past_names
 
 EOS = "<|endoftext|>"
 
@@ -52,9 +52,8 @@ def cache_feeds(
     return feeds
 
 
-def build(ctx: BuildContext) -> dict:
+def train_model(ctx: BuildContext) -> Trained:
     s = ctx.settings
-    build_dir = fresh_model_dir(ctx)
     text = load_tinyshakespeare(ctx.data_dir, "train")
     if s["train_chars"]:
         text = text[: s["train_chars"]]
@@ -86,9 +85,26 @@ def build(ctx: BuildContext) -> dict:
         return loss, batch.size(0), batch[:, 1:].numel()
 
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.1)
-    result = train(model, batches(), loss_fn, spec, ctx.name, "tokens", build_dir / "training_curve.png")
+    result = train(model, batches(), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png")
+    eos_id = tokenizer.token_to_id(EOS)
+    manifest = {
+        "task": "text-generation",
+        "architecture": "gpt",
+        "description": "decoder-only Transformer LM, byte-level BPE, trained on Tiny Shakespeare",
+        "config": dataclasses.asdict(config),
+        "max_sequence_length": config.max_len,
+        "special_tokens": {"eos": eos_id, "pad": eos_id},
+        "kv_cache": kv_cache_layout(config.num_layers, config.num_heads, config.d_model // config.num_heads),
+    }
+    training = {"data": "tinyshakespeare/train.txt", "train_characters": len(text), "train_tokens": len(ids)}
+    return Trained(ctx.name, model, tokenizer, manifest, training, result)
 
-    rng = np.random.default_rng(ctx.seed)
+
+def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
+    model = trained.model
+    assert isinstance(model, GPT)
+    config = model.config
+    rng = np.random.default_rng(seed)
     n = config.num_layers
     example = cache_feeds(config, 2, 3, 4, rng)
     names = ["input_ids", "attention_mask", "position_ids", *past_names(n, "past")]
@@ -124,15 +140,4 @@ def build(ctx: BuildContext) -> dict:
             cache_feeds(config, 2, 4, 3, rng),
         ],
     )
-    eos_id = tokenizer.token_to_id(EOS)
-    manifest = {
-        "task": "text-generation",
-        "architecture": "gpt",
-        "description": "decoder-only Transformer LM, byte-level BPE, trained on Tiny Shakespeare",
-        "config": dataclasses.asdict(config),
-        "max_sequence_length": config.max_len,
-        "special_tokens": {"eos": eos_id, "pad": eos_id},
-        "kv_cache": kv_cache_layout(n, config.num_heads, config.d_model // config.num_heads),
-    }
-    training = {"data": "tinyshakespeare/train.txt", "train_characters": len(text), "train_tokens": len(ids)}
-    return finish(ctx, build_dir, tokenizer, {"model": graph}, manifest, training, result)
+    return {"model": graph}

@@ -16,7 +16,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainSpec, infinite, train
 from ..translator import Translator, TranslatorConfig
-from .common import BuildContext, finish, fresh_model_dir, kv_cache_layout, past_names
+from .common import BuildContext, Trained, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -82,13 +82,12 @@ def _pad(rows: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def build(ctx: BuildContext) -> dict:
+def train_model(ctx: BuildContext) -> Trained:
     s = ctx.settings
-    build_dir = fresh_model_dir(ctx)
     raw = ctx.limit(load_multi30k(ctx.data_dir, "train"), "train_pairs")
     tokenizer = train_byte_level_bpe([t for pair in raw for t in pair], s["vocab_size"], SPECIALS)
     assert [tokenizer.token_to_id(t) for t in SPECIALS] == [PAD, BOS, EOS], "special token ids moved"
-    src_ids = [e.ids + [EOS] for e in tokenizer.encode_batch([en for en, _ in raw])]
+    src_ids = [[*e.ids, EOS] for e in tokenizer.encode_batch([en for en, _ in raw])]
     tgt_ids = [e.ids for e in tokenizer.encode_batch([de for _, de in raw])]
     limit = s["max_len"] - 2
     pairs = [(a, b) for a, b in zip(src_ids, tgt_ids, strict=True) if len(a) <= limit and len(b) <= limit]
@@ -117,10 +116,46 @@ def build(ctx: BuildContext) -> dict:
 
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
     batches = infinite(lambda e: token_batches(pairs, s["batch_tokens"], ctx.seed + e))
-    result = train(model, batches, loss_fn, spec, ctx.name, "target_tokens", build_dir / "training_curve.png")
-
+    result = train(
+        model, batches, loss_fn, spec, ctx.name, "target_tokens", ctx.work_dir / "training_curve.png"
+    )
     n, h, dh = config.decoder_layers, config.num_heads, config.d_model // config.num_heads
-    rng = np.random.default_rng(ctx.seed)
+    manifest = {
+        "task": "translation",
+        "architecture": "encoder-decoder-transformer",
+        "description": "Transformer (Vaswani 2017) EN->DE, joint byte-level BPE, trained on Multi30k",
+        "source_language": "en",
+        "target_language": "de",
+        "config": dataclasses.asdict(config),
+        "max_sequence_length": config.max_len,
+        "max_source_length": limit + 1,
+        "max_target_length": limit + 1,
+        "special_tokens": {"pad": PAD, "bos": BOS, "eos": EOS},
+        "source_suffix": [EOS],
+        "kv_cache": kv_cache_layout(n, h, dh),
+        "cross_attention": {
+            "num_layers": n,
+            "axes": ["batch", "num_heads", "source_sequence", "head_dim"],
+            "key": "cross_key.{i}",
+            "value": "cross_value.{i}",
+            "mask_input": "encoder_attention_mask",
+        },
+    }
+    training = {
+        "data": "multi30k/train.{en,de}.gz",
+        "train_pairs": len(pairs),
+        "label_smoothing": s["label_smoothing"],
+        "batch_tokens": s["batch_tokens"],
+    }
+    return Trained(ctx.name, model, tokenizer, manifest, training, result)
+
+
+def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
+    model = trained.model
+    assert isinstance(model, Translator)
+    config = model.config
+    n, h, dh = config.decoder_layers, config.num_heads, config.d_model // config.num_heads
+    rng = np.random.default_rng(seed)
     cross_names = [f"cross_{kind}.{i}" for i in range(n) for kind in ("key", "value")]
 
     def encoder_feed(batch: int, length: int, pad: int = 0) -> dict[str, np.ndarray]:
@@ -152,7 +187,7 @@ def build(ctx: BuildContext) -> dict:
         *past_names(n, "past"),
     ]
     kv_axes = ["batch", h, "source_sequence", dh]
-    graphs = {
+    return {
         "encoder": GraphSpec(
             file="encoder.onnx",
             module=TranslatorEncoder(model),
@@ -194,31 +229,3 @@ def build(ctx: BuildContext) -> dict:
             parity_inputs=[decoder_feed(1, 1, 0, 6), decoder_feed(4, 1, 5, 3), decoder_feed(2, 4, 2, 5)],
         ),
     }
-    manifest = {
-        "task": "translation",
-        "architecture": "encoder-decoder-transformer",
-        "description": "Transformer (Vaswani 2017) EN->DE, joint byte-level BPE, trained on Multi30k",
-        "source_language": "en",
-        "target_language": "de",
-        "config": dataclasses.asdict(config),
-        "max_sequence_length": config.max_len,
-        "max_source_length": limit + 1,
-        "max_target_length": limit + 1,
-        "special_tokens": {"pad": PAD, "bos": BOS, "eos": EOS},
-        "source_suffix": [EOS],
-        "kv_cache": kv_cache_layout(n, h, dh),
-        "cross_attention": {
-            "num_layers": n,
-            "axes": ["batch", "num_heads", "source_sequence", "head_dim"],
-            "key": "cross_key.{i}",
-            "value": "cross_value.{i}",
-            "mask_input": "encoder_attention_mask",
-        },
-    }
-    training = {
-        "data": "multi30k/train.{en,de}.gz",
-        "train_pairs": len(pairs),
-        "label_smoothing": s["label_smoothing"],
-        "batch_tokens": s["batch_tokens"],
-    }
-    return finish(ctx, build_dir, tokenizer, graphs, manifest, training, result)

@@ -14,12 +14,11 @@ from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
 from ..onnx_export import GraphSpec, auto_dims
 from ..training import TrainSpec, infinite, train
 from ..vit import ViT, ViTConfig
-from .common import BuildContext, finish, fresh_model_dir
+from .common import BuildContext, Trained
 
 
-def build(ctx: BuildContext) -> dict:
+def train_model(ctx: BuildContext) -> Trained:
     s = ctx.settings
-    build_dir = fresh_model_dir(ctx)
     images, labels = load_fashion_mnist(ctx.data_dir, "train")
     if s["train_examples"]:
         images, labels = images[: s["train_examples"]], labels[: s["train_examples"]]
@@ -58,23 +57,9 @@ def build(ctx: BuildContext) -> dict:
 
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.05)
     result = train(
-        model, infinite(epoch), loss_fn, spec, ctx.name, "images", build_dir / "training_curve.png"
+        model, infinite(epoch), loss_fn, spec, ctx.name, "images", ctx.work_dir / "training_curve.png"
     )
 
-    rng = np.random.default_rng(ctx.seed)
-
-    def feed(n: int) -> dict[str, np.ndarray]:
-        return {"pixel_values": rng.standard_normal((n, 1, 28, 28)).astype(np.float32)}
-
-    graph = GraphSpec(
-        file="model.onnx",
-        module=model,
-        example_args=(torch.from_numpy(feed(2)["pixel_values"]),),
-        input_axes={"pixel_values": ["batch", 1, 28, 28]},
-        output_axes={"logits": ["batch", config.num_classes]},
-        dynamic_shapes=(auto_dims([0]),),
-        parity_inputs=[feed(1), feed(5)],
-    )
     manifest = {
         "task": "image-classification",
         "architecture": "vit",
@@ -97,4 +82,25 @@ def build(ctx: BuildContext) -> dict:
         "train_images": len(pixels),
         "augmentation": "horizontal flip",
     }
-    return finish(ctx, build_dir, None, {"model": graph}, manifest, training, result)
+    return Trained(ctx.name, model, None, manifest, training, result)
+
+
+def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
+    model = trained.model
+    assert isinstance(model, ViT)
+    config = model.config
+    rng = np.random.default_rng(seed)
+
+    def feed(n: int) -> dict[str, np.ndarray]:
+        return {"pixel_values": rng.standard_normal((n, 1, 28, 28)).astype(np.float32)}
+
+    graph = GraphSpec(
+        file="model.onnx",
+        module=model,
+        example_args=(torch.from_numpy(feed(2)["pixel_values"]),),
+        input_axes={"pixel_values": ["batch", 1, 28, 28]},
+        output_axes={"logits": ["batch", config.num_classes]},
+        dynamic_shapes=(auto_dims([0]),),
+        parity_inputs=[feed(1), feed(5)],
+    )
+    return {"model": graph}

@@ -1,0 +1,199 @@
+"""python -m model_export all|train|export|evaluate — build and measure the model repository.
+
+all       train, export and evaluate (what the quickstart runs when models/ is missing)
+train     train and keep a torch checkpoint per model under <out>/.work/
+export    export those checkpoints to ONNX, check parity, write manifests
+evaluate  score exported models through ONNX Runtime on a data split
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+from .data import resolve_data_dir
+from .profiles import MODEL_NAMES, PROFILES, profile_settings
+
+log = logging.getLogger("model_export")
+
+
+def _names(value: str | None) -> list[str]:
+    if not value:
+        return list(MODEL_NAMES)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODEL_NAMES]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}: choose from {MODEL_NAMES}")
+    return names
+
+
+def _budgets(value: str | None) -> dict[str, float]:
+    """--budget translator=600,gpt=120 -> seconds per model."""
+    out: dict[str, float] = {}
+    for item in (value or "").split(","):
+        if item.strip():
+            name, _, seconds = item.partition("=")
+            if name.strip() not in MODEL_NAMES or not seconds:
+                raise SystemExit(f"--budget wants NAME=SECONDS with NAME in {MODEL_NAMES}, got {item!r}")
+            out[name.strip()] = float(seconds)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m model_export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in ("all", "train", "export"):
+        p = sub.add_parser(command)
+        p.add_argument(
+            "--models", help=f"comma-separated model names (default: all of {','.join(MODEL_NAMES)})"
+        )
+        p.add_argument("--profile", choices=sorted(PROFILES), default="default")
+        p.add_argument("--data-dir", help="dataset folder (default: $DATA_DIR, else ../shared/data)")
+        p.add_argument(
+            "--out",
+            default=os.environ.get("MODEL_REPOSITORY", "models"),
+            help="model repository (default: models)",
+        )
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--init-from", help="Hugging Face BERT checkpoint directory for the BERT encoder")
+        p.add_argument("--budget", help="training seconds per model, e.g. translator=600,gpt=120")
+        p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every training budget")
+    e = sub.add_parser("evaluate")
+    e.add_argument(
+        "--models", default=os.environ.get("MODEL_REPOSITORY", "models"), help="model repository directory"
+    )
+    e.add_argument("--only", help="comma-separated model names (default: every model found)")
+    e.add_argument("--data-dir")
+    e.add_argument("--split", default="validation")
+    e.add_argument("--json", help="write the results here")
+    e.add_argument("--limit", type=int, help="evaluate only the first N examples (characters for gpt)")
+    e.add_argument("--beam-size", type=int, default=4, help="translator decoding (1 = greedy)")
+    return parser
+
+
+def _contexts(args: argparse.Namespace) -> list[Any]:
+    from .builders.common import BuildContext
+
+    data_dir = resolve_data_dir(args.data_dir)
+    budgets = _budgets(args.budget)
+    contexts = []
+    for name in _names(args.models):
+        settings = profile_settings(args.profile, name)
+        settings["budget_s"] = budgets.get(name, settings["budget_s"]) * args.budget_scale
+        init_from = Path(args.init_from) if args.init_from else None
+        contexts.append(
+            BuildContext(name, data_dir, Path(args.out), args.profile, settings, args.seed, init_from)
+        )
+    return contexts
+
+
+def _evaluate(
+    models_dir: Path,
+    names: list[str],
+    data_dir: Path,
+    split: str,
+    limits: dict[str, int | None],
+    beam_size: int,
+) -> dict[str, Any]:
+    from .evaluate import evaluate_model
+    from .manifest import record_validation
+
+    results: dict[str, Any] = {}
+    for name in names:
+        log.info("evaluating %s on %s/%s", name, data_dir, split)
+        results[name] = evaluate_model(models_dir, name, data_dir, split, limits.get(name), beam_size)
+        record_validation(models_dir / name, split, results[name])
+        log.info("%s: %s", name, {k: v for k, v in results[name].items() if k != "samples"})
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    start = time.perf_counter()
+
+    if args.command == "evaluate":
+        models_dir = Path(args.models)
+        present = (
+            sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
+            if models_dir.is_dir()
+            else []
+        )
+        names = [n.strip() for n in args.only.split(",")] if args.only else present
+        missing = [n for n in names if n not in present]
+        if missing or not names:
+            raise SystemExit(f"no exported model(s) {missing or names} in {models_dir}")
+        data_dir = resolve_data_dir(args.data_dir)
+        results = _evaluate(
+            models_dir, names, data_dir, args.split, dict.fromkeys(names, args.limit), args.beam_size
+        )
+        _write_json(args.json, results)
+        return 0
+
+    from .builders import BUILDERS
+    from .builders.common import Trained, export_model
+    from .training import configure_threads, seed_everything
+
+    configure_threads()
+    contexts = _contexts(args)
+    built = []
+    for ctx in contexts:
+        train_fn, graphs_fn = BUILDERS[ctx.name]
+        t0 = time.perf_counter()
+        checkpoint = ctx.work_dir / "trained.pt"
+        if args.command in ("all", "train"):
+            seed_everything(ctx.seed)
+            trained = train_fn(ctx)
+            trained.save(checkpoint)
+        else:
+            trained = Trained.load(checkpoint)
+        if args.command in ("all", "export"):
+            export_model(ctx, trained, graphs_fn(trained, ctx.seed))
+            built.append(ctx)
+        log.info(
+            "%s: %s done in %.0fs (total %.0fs)",
+            ctx.name,
+            args.command,
+            time.perf_counter() - t0,
+            time.perf_counter() - start,
+        )
+
+    if args.command == "all" and built:
+        limits = {
+            ctx.name: ctx.settings.get("eval_examples") or ctx.settings.get("eval_chars") for ctx in built
+        }
+        beam = max((ctx.settings.get("beam_size", 1) for ctx in built), default=1)
+        results = _evaluate(
+            Path(args.out), [c.name for c in built], built[0].data_dir, "validation", limits, beam
+        )
+        _write_json(str(Path(args.out) / "evaluation.json"), results)
+    log.info("%s finished in %.1f minutes", args.command, (time.perf_counter() - start) / 60)
+    return 0
+
+
+def _write_json(path: str | None, results: dict[str, Any]) -> None:
+    text = json.dumps(results, indent=2)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

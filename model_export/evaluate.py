@@ -1,0 +1,239 @@
+"""Evaluate the exported models, through ONNX Runtime and the service's own pre/post-processing.
+
+What is measured is what is served: the .onnx files from the model
+repository, loaded and checked exactly as the service loads them, with the
+service's QA windows, span search, entity grouping, image normalisation and
+KV-cached translation decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.engine.repository import LoadedModel, load_model
+from service.engine.runtime import RuntimeOptions
+from service.engine.sampling import logprobs
+from service.engine.seq2seq import Seq2SeqModel
+from service.tasks.entities import word_predictions
+from service.tasks.images import to_pixel_values
+from service.tasks.qa import best_span, qa_windows
+from service.tasks.text import pad_batch, truncate
+
+from . import metrics
+from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, load_sst2, load_tinyshakespeare
+
+log = logging.getLogger(__name__)
+
+METRIC_KEYS = {
+    "translator": ["bleu"],
+    "bert-classifier": ["accuracy"],
+    "bert-qa": ["exact_match", "f1"],
+    "bert-tagger": ["entity_f1"],
+    "gpt": ["bits_per_char"],
+    "vit": ["accuracy"],
+}
+
+
+def _batches(n: int, size: int) -> list[range]:
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _limit(items: Any, limit: int | None) -> Any:
+    return items if limit is None else items[:limit]
+
+
+def evaluate_translator(
+    model: LoadedModel, data_dir: Path, split: str, limit: int | None, beam_size: int
+) -> dict:
+    pairs = _limit(load_multi30k(data_dir, split), limit)
+    tok = model.tokenizer
+    assert tok is not None
+    seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
+    eos = model.manifest["special_tokens"]["eos"]
+    max_src = int(model.manifest["max_source_length"])
+    sources = [truncate([*e.ids, eos], max_src) for e in tok.encode_batch([en for en, _ in pairs])]
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch together
+    hyps: dict[int, str] = {}
+    for chunk in _batches(len(order), 32 if beam_size == 1 else 16):
+        idx = [order[i] for i in chunk]
+        batch = [sources[i] for i in idx]
+        limit_new = seq2seq.default_max_new_tokens(batch)
+        if beam_size == 1:
+            out = [h.tokens for h in seq2seq.greedy(batch, limit_new)]
+        else:
+            out = [r[0].tokens for r in seq2seq.beam_search(batch, beam_size, limit_new, length_penalty=1.0)]
+        for i, ids in zip(idx, out, strict=True):
+            hyps[i] = tok.decode(ids, skip_special_tokens=True)
+    hypotheses = [hyps[i] for i in range(len(pairs))]
+    return {
+        "bleu": metrics.corpus_bleu(hypotheses, [de for _, de in pairs]),
+        "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, length penalty 1.0",
+        "samples": [
+            {"source": pairs[i][0], "reference": pairs[i][1], "hypothesis": hypotheses[i]} for i in range(3)
+        ],
+    }
+
+
+def evaluate_classifier(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    rows = _limit(load_sst2(data_dir, split), limit)
+    tok = model.tokenizer
+    assert tok is not None
+    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    encoded = [truncate(e.ids, max_len) for e in tok.encode_batch([t for t, _ in rows])]
+    correct = 0
+    for chunk in _batches(len(rows), 64):
+        logits = model.graphs["model"].run(pad_batch([encoded[i] for i in chunk], pad))[0]
+        correct += int((logits.argmax(-1) == np.array([rows[i][1] for i in chunk])).sum())
+    return {"accuracy": correct / len(rows)}
+
+
+def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    examples = _limit(load_squad(data_dir, split), limit)
+    tok = model.tokenizer
+    assert tok is not None
+    qa = model.manifest["qa"]
+    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    predictions: dict[str, str] = {}
+    windows_total = 0
+    for ex in examples:
+        windows = qa_windows(tok, ex.question, ex.context, max_len, qa["stride"], qa["max_question_length"])
+        windows_total += len(windows)
+        feeds = pad_batch([w.input_ids for w in windows], pad, [w.token_type_ids for w in windows])
+        start_logits, end_logits = model.graphs["model"].run(feeds)
+        span = best_span(windows, list(start_logits), list(end_logits), qa["max_answer_length"])
+        predictions[ex.id] = ex.context[span.start : span.end] if span else ""
+    scores = metrics.squad_scores(predictions, examples)
+    return {**scores, "windows": windows_total}
+
+
+def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    sentences = _limit(load_conll(data_dir, split), limit)
+    tok = model.tokenizer
+    assert tok is not None
+    labels = model.manifest["labels"]
+    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    encodings = [tok.encode(s.tokens, is_pretokenized=True) for s in sentences]
+    predicted: list[list[str]] = []
+    for chunk in _batches(len(sentences), 64):
+        rows = [truncate(encodings[i].ids, max_len) for i in chunk]
+        logits = model.graphs["model"].run(pad_batch(rows, pad))[0]
+        for j, i in enumerate(chunk):
+            word_ids = encodings[i].word_ids[: len(rows[j])]
+            tags, _ = word_predictions(logits[j, : len(rows[j])], word_ids, labels)
+            n = len(sentences[i].tokens)
+            predicted.append((tags + ["O"] * n)[:n])  # words cut by truncation count as O
+    scores = metrics.entity_f1([s.tags for s in sentences], predicted)
+    return {
+        "entity_f1": scores["f1"],
+        "entity_precision": scores["precision"],
+        "entity_recall": scores["recall"],
+    }
+
+
+def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    """Bits per character: summed token NLL over the text / characters those tokens cover.
+
+    Sliding windows of the model's context length, each scoring only the
+    tokens the previous window did not, so every token but the first is
+    predicted with as much context as fits.
+    """
+    text = load_tinyshakespeare(data_dir, split)
+    if limit is not None:
+        text = text[:limit]
+    tok = model.tokenizer
+    assert tok is not None
+    enc = tok.encode(text)
+    ids = np.array(enc.ids, dtype=np.int64)
+    window = int(model.manifest["max_sequence_length"])
+    stride = window // 2
+    kv = model.manifest["kv_cache"]
+    empty = {
+        kv[f"past_{k}"].format(i=i): np.zeros((1, kv["num_heads"], 0, kv["head_dim"]), dtype=np.float32)
+        for i in range(kv["num_layers"])
+        for k in ("key", "value")
+    }
+    nll, scored_from = 0.0, 1
+    starts = list(range(0, max(1, len(ids) - 1), stride))
+    for start in starts:
+        chunk = ids[start : start + window]
+        if len(chunk) < 2:
+            break
+        feeds = {
+            "input_ids": chunk[None, :],
+            "attention_mask": np.ones((1, len(chunk)), dtype=np.int64),
+            "position_ids": np.arange(len(chunk), dtype=np.int64)[None, :],
+            **{k: v for k, v in empty.items()},
+        }
+        lp = logprobs(model.graphs["model"].run(feeds, ["logits"])[0][0])  # (T, V)
+        targets = np.arange(start + 1, start + len(chunk))  # absolute positions predicted here
+        fresh = targets >= scored_from
+        rows = targets[fresh] - start - 1
+        nll -= float(lp[rows, ids[targets[fresh]]].sum())
+        scored_from = start + len(chunk)
+        if start + window >= len(ids):
+            break
+    first_token_chars = enc.offsets[0][1] if enc.offsets else 0
+    chars = len(text) - first_token_chars
+    return {"bits_per_char": metrics.bits_per_char(nll, chars), "tokens": len(ids), "characters": len(text)}
+
+
+def evaluate_vit(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    images, labels = load_fashion_mnist(data_dir, split)
+    images, labels = _limit(images, limit), _limit(labels, limit)
+    pre = model.manifest["preprocessing"]
+    correct = 0
+    for chunk in _batches(len(images), 256):
+        logits = model.graphs["model"].run(
+            {"pixel_values": to_pixel_values(images[chunk.start : chunk.stop], pre)}
+        )[0]
+        correct += int((logits.argmax(-1) == labels[chunk.start : chunk.stop]).sum())
+    return {"accuracy": correct / len(images)}
+
+
+def evaluate_model(
+    models_dir: Path, name: str, data_dir: Path, split: str, limit: int | None = None, beam_size: int = 4
+) -> dict[str, Any]:
+    model = load_model(models_dir / name, RuntimeOptions(device="cpu"))
+    evaluators: dict[str, Callable[[], dict]] = {
+        "translation": lambda: evaluate_translator(model, data_dir, split, limit, beam_size),
+        "text-classification": lambda: evaluate_classifier(model, data_dir, split, limit),
+        "question-answering": lambda: evaluate_qa(model, data_dir, split, limit),
+        "token-classification": lambda: evaluate_tagger(model, data_dir, split, limit),
+        "text-generation": lambda: evaluate_gpt(model, data_dir, split, limit),
+        "image-classification": lambda: evaluate_vit(model, data_dir, split, limit),
+    }
+    start = time.perf_counter()
+    result = evaluators[model.task]()
+    seconds = time.perf_counter() - start
+    examples = _count_examples(model.task, data_dir, split, limit)
+    result = {
+        **result,
+        "examples": examples,
+        "seconds": round(seconds, 2),
+        "split": split,
+        "version": model.version,
+    }
+    for key, value in result.items():
+        if isinstance(value, float) and math.isfinite(value):
+            result[key] = round(value, 4)
+    return result
+
+
+def _count_examples(task: str, data_dir: Path, split: str, limit: int | None) -> int:
+    counts: dict[str, Callable[[], int]] = {
+        "translation": lambda: len(load_multi30k(data_dir, split)),
+        "text-classification": lambda: len(load_sst2(data_dir, split)),
+        "question-answering": lambda: len(load_squad(data_dir, split)),
+        "token-classification": lambda: len(load_conll(data_dir, split)),
+        "text-generation": lambda: len(load_tinyshakespeare(data_dir, split)),
+        "image-classification": lambda: len(load_fashion_mnist(data_dir, split)[1]),
+    }
+    total = counts[task]()
+    return total if limit is None else min(total, limit)

@@ -1,0 +1,143 @@
+"""Load the model repository: one folder per model, each checked against its manifest before it serves.
+
+A folder whose manifest is missing or malformed, whose files are missing or
+differ from the recorded hashes, or whose graphs lack the inputs/outputs the
+manifest names is refused with one clear log line; the other folders load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from .manifest import FORMAT_VERSION, MANIFEST, TASK_GRAPHS, TEXT_TASKS, content_version, file_sha256
+from .runtime import Graph, RuntimeOptions
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(Exception):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    manifest: dict[str, Any]
+    graphs: dict[str, Graph]
+    tokenizer: Tokenizer | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return str(self.manifest["task"])
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest["version"])
+
+    @property
+    def provider(self) -> str:
+        return next(iter(self.graphs.values())).provider
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        raise ModelLoadError(f"no {MANIFEST}")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{MANIFEST} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ModelLoadError(f"{MANIFEST} is not a JSON object")
+    for key in ("format_version", "task", "version", "files", "graphs"):
+        if key not in manifest:
+            raise ModelLoadError(f"{MANIFEST} lacks '{key}'")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise ModelLoadError(f"format_version {manifest['format_version']} is not {FORMAT_VERSION}")
+    if manifest["task"] not in TASK_GRAPHS:
+        raise ModelLoadError(f"unknown task {manifest['task']!r}")
+    missing = [g for g in TASK_GRAPHS[manifest["task"]] if g not in manifest["graphs"]]
+    if missing:
+        raise ModelLoadError(f"task {manifest['task']} needs graphs {missing}")
+    return manifest
+
+
+def verify_files(model_dir: Path, manifest: dict[str, Any], check_hashes: bool = True) -> None:
+    files = manifest["files"]
+    for name, entry in files.items():
+        path = model_dir / name
+        if not path.is_file():
+            raise ModelLoadError(f"{name} is listed in the manifest but missing")
+        if path.stat().st_size != entry["bytes"]:
+            raise ModelLoadError(
+                f"{name} has {path.stat().st_size} bytes, the manifest says {entry['bytes']}"
+            )
+        if check_hashes and file_sha256(path) != entry["sha256"]:
+            raise ModelLoadError(f"{name} does not match its sha256 in the manifest")
+    if content_version(files) != manifest["version"]:
+        raise ModelLoadError("version is not the content hash of the listed files")
+    for role, graph in manifest["graphs"].items():
+        if graph["file"] not in files:
+            raise ModelLoadError(f"graph {role} file {graph['file']} is not among the hashed files")
+    if manifest["task"] in TEXT_TASKS and "tokenizer.json" not in files:
+        raise ModelLoadError("text model without tokenizer.json")
+
+
+def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = True) -> LoadedModel:
+    manifest = read_manifest(model_dir)
+    verify_files(model_dir, manifest, check_hashes)
+    graphs: dict[str, Graph] = {}
+    for role, spec in manifest["graphs"].items():
+        try:
+            graph = Graph(model_dir / spec["file"], options)
+        except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
+            raise ModelLoadError(f"ONNX Runtime cannot load {spec['file']}: {exc}") from exc
+        for kind, declared, actual in (
+            ("input", spec["inputs"], graph.input_names),
+            ("output", spec["outputs"], graph.output_names),
+        ):
+            names = [io["name"] for io in declared]
+            if names != actual:
+                raise ModelLoadError(f"{spec['file']} {kind}s are {actual}, the manifest says {names}")
+        graphs[role] = graph
+    tokenizer = None
+    if (model_dir / "tokenizer.json").is_file():
+        try:
+            tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:
+            raise ModelLoadError(f"tokenizer.json cannot be read: {exc}") from exc
+    name = manifest.get("name", model_dir.name)
+    if name != model_dir.name:
+        raise ModelLoadError(f"manifest name {name!r} differs from the folder name {model_dir.name!r}")
+    return LoadedModel(name, model_dir, manifest, graphs, tokenizer)
+
+
+def load_repository(
+    root: Path, options: RuntimeOptions, only: list[str] | None = None, check_hashes: bool = True
+) -> tuple[dict[str, LoadedModel], dict[str, str]]:
+    """Every model folder under root -> (loaded models by name, refusal reasons by folder name)."""
+    loaded: dict[str, LoadedModel] = {}
+    failed: dict[str, str] = {}
+    if not root.is_dir():
+        log.error("model repository %s does not exist", root)
+        return loaded, {"*": f"model repository {root} does not exist"}
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if model_dir.name.endswith(".partial") or (only is not None and model_dir.name not in only):
+            continue
+        try:
+            model = load_model(model_dir, options, check_hashes)
+        except ModelLoadError as exc:
+            log.error("refusing model folder %s: %s", model_dir, exc)
+            failed[model_dir.name] = str(exc)
+            continue
+        loaded[model.name] = model
+        log.info("loaded %s (%s, version %s) on %s", model.name, model.task, model.version, model.provider)
+    return loaded, failed

@@ -1,0 +1,97 @@
+"""ONNX Runtime sessions: provider choice, thread counts, and the device the session really got.
+
+`get_available_providers()` lists CUDA whenever onnxruntime-gpu is installed,
+even on a machine with no GPU or no CUDA 13 libraries; the session then falls
+back to CPU. So the provider is read from `session.get_providers()` after
+creation, and that is what the service reports and uses (IO binding only on
+CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+Device = Literal["auto", "cuda", "cpu"]
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    device: Device = "auto"
+    intra_op_threads: int = 0  # 0 lets ONNX Runtime choose (one per physical core)
+    inter_op_threads: int = 1
+    cuda_device_id: int = 0
+    graph_optimization: str = "all"
+
+
+def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = options.inter_op_threads
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[options.graph_optimization]
+    so.log_severity_level = 3  # errors only: the CUDA probe on a CPU machine is not news
+    return so
+
+
+_cuda_usable: bool | None = None  # learnt from the first session that tries CUDA
+
+
+def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
+    global _cuda_usable
+    want_cuda = options.device in ("auto", "cuda") and CUDA in ort.get_available_providers()
+    if options.device == "auto" and _cuda_usable is False:
+        want_cuda = False  # already known to fall back: skip the noisy probe for every further session
+    providers: list[Any] = [(CUDA, {"device_id": options.cuda_device_id}), CPU] if want_cuda else [CPU]
+    if want_cuda and _cuda_usable is None:
+        ort.set_default_logger_severity(4)  # the failed CUDA library load is expected on CPU machines
+    try:
+        session = ort.InferenceSession(str(path), sess_options=_session_options(options), providers=providers)
+    finally:
+        ort.set_default_logger_severity(2)
+    got = session.get_providers()
+    if want_cuda and _cuda_usable is None:
+        _cuda_usable = CUDA in got
+        log.info(
+            "ONNX Runtime providers in use: %s (CUDA %s)", got, "in use" if _cuda_usable else "unavailable"
+        )
+    if options.device == "cuda" and CUDA not in got:
+        raise RuntimeError(f"DEVICE=cuda but ONNX Runtime could not use CUDA for {path} (providers: {got})")
+    return session
+
+
+class Graph:
+    """One ONNX graph and the provider it actually runs on."""
+
+    def __init__(self, path: Path, options: RuntimeOptions) -> None:
+        self.path = path
+        self.session = create_session(path, options)
+        self.provider = self.session.get_providers()[0]
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.provider == CUDA
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+        return self.session.run(outputs, feeds)
+
+    def run_dict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(None, feeds), strict=True))

@@ -1,0 +1,216 @@
+"""Encoder-decoder decoding with the KV cache: batched greedy search and beam search.
+
+The encoder graph runs once per batch and returns every decoder layer's
+cross-attention keys/values; each decoder step then feeds one new token per
+row with the self-attention cache from the previous step. Greedy rows that
+reach </s> leave the batch at once (their caches are dropped), so a batch
+costs what its longest live row costs, not more.
+
+Beam search keeps `beam_size` rows per request, scores finished hypotheses
+with a length penalty (sum of log-probs / length ** alpha, as in GNMT / HF),
+and stops a request when no live beam can beat its worst kept hypothesis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .runtime import Graph
+from .sampling import logprobs
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated ids, without <s> and </s>
+    logprob: float  # sum of token log-probabilities, </s> included when finished
+    score: float  # logprob / length ** length_penalty
+    finished: bool  # ended with </s> (else cut by max_new_tokens)
+
+
+@dataclass
+class _RequestBeams:
+    """Finished hypotheses of one request, best first, at most `size` kept."""
+
+    size: int
+    length_penalty: float
+    done: list[Hypothesis] = field(default_factory=list)
+
+    def add(self, tokens: list[int], logprob: float, finished: bool) -> None:
+        length = len(tokens) + (1 if finished else 0)
+        score = logprob / max(length, 1) ** self.length_penalty
+        self.done.append(Hypothesis(tokens, logprob, score, finished))
+        self.done.sort(key=lambda h: h.score, reverse=True)
+        del self.done[self.size :]
+
+    def is_done(self, best_live_logprob: float, length: int) -> bool:
+        if len(self.done) < self.size:
+            return False
+        # The usual heuristic (HF's early_stopping=False): judge the best live beam at its current length.
+        return best_live_logprob / max(length, 1) ** self.length_penalty <= self.done[-1].score
+
+
+class Seq2SeqModel:
+    def __init__(self, encoder: Graph, decoder: Graph, manifest: dict[str, Any]) -> None:
+        self.encoder = encoder
+        self.decoder = decoder
+        special = manifest["special_tokens"]
+        self.pad_id, self.bos_id, self.eos_id = special["pad"], special["bos"], special["eos"]
+        kv = manifest["kv_cache"]
+        self.num_layers, self.num_heads, self.head_dim = kv["num_layers"], kv["num_heads"], kv["head_dim"]
+        self.past_names = [
+            kv[f"past_{k}"].format(i=i) for i in range(self.num_layers) for k in ("key", "value")
+        ]
+        self.present_names = [
+            kv[f"present_{k}"].format(i=i) for i in range(self.num_layers) for k in ("key", "value")
+        ]
+        cross = manifest["cross_attention"]
+        self.cross_names = [cross[k].format(i=i) for i in range(self.num_layers) for k in ("key", "value")]
+        self.cross_mask_name = cross["mask_input"]
+        self.max_target_length = int(manifest["max_target_length"])
+        self.max_position = int(manifest["max_sequence_length"])
+
+    def encode(self, sources: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Right-padded source batch -> cross-attention keys/values by name, and the source mask."""
+        length = max(map(len, sources))
+        ids = np.full((len(sources), length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(sources), length), dtype=np.int64)
+        for i, src in enumerate(sources):
+            ids[i, : len(src)] = src
+            mask[i, : len(src)] = 1
+        cross = self.encoder.run({"input_ids": ids, "attention_mask": mask})
+        return dict(zip(self.cross_names, cross, strict=True)), mask
+
+    def _step(
+        self,
+        tokens: np.ndarray,
+        step: int,
+        src_mask: np.ndarray,
+        cross: dict[str, np.ndarray],
+        past: list[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder step for every row: (rows,) new tokens -> log-probs (rows, V) and the grown cache."""
+        rows = len(tokens)
+        feeds = {
+            "input_ids": tokens.reshape(rows, 1).astype(np.int64),
+            "attention_mask": np.ones((rows, step + 1), dtype=np.int64),
+            "position_ids": np.full((rows, 1), step, dtype=np.int64),
+            self.cross_mask_name: src_mask,
+            **cross,
+            **dict(zip(self.past_names, past, strict=True)),
+        }
+        out = self.decoder.run(feeds)
+        return logprobs(out[0][:, -1, :]), out[1:]
+
+    def _empty_past(self, rows: int) -> list[np.ndarray]:
+        return [np.zeros((rows, self.num_heads, 0, self.head_dim), dtype=np.float32) for _ in self.past_names]
+
+    def _limit(self, max_new_tokens: int) -> int:
+        return max(1, min(max_new_tokens, self.max_target_length, self.max_position - 1))
+
+    @staticmethod
+    def default_max_new_tokens(sources: list[list[int]]) -> int:
+        """A translation is rarely over twice its source: stop degenerate outputs there."""
+        return 2 * max(map(len, sources)) + 10
+
+    def greedy(self, sources: list[list[int]], max_new_tokens: int) -> list[Hypothesis]:
+        cross, src_mask = self.encode(sources)
+        n = len(sources)
+        live = np.arange(n)  # original row of each live row
+        tokens = np.full(n, self.bos_id, dtype=np.int64)
+        past = self._empty_past(n)
+        generated: list[list[int]] = [[] for _ in range(n)]
+        total = np.zeros(n)
+        results: list[Hypothesis | None] = [None] * n
+        limit = self._limit(max_new_tokens)
+        for step in range(limit):
+            lp, past = self._step(tokens, step, src_mask, cross, past)
+            tokens = lp.argmax(-1)
+            keep = []
+            for r, row in enumerate(live):
+                total[row] += lp[r, tokens[r]]
+                if tokens[r] == self.eos_id:
+                    results[row] = Hypothesis(generated[row], float(total[row]), 0.0, True)
+                else:
+                    generated[row].append(int(tokens[r]))
+                    keep.append(r)
+            if len(keep) < len(live):  # finished rows leave the batch
+                idx = np.array(keep, dtype=np.int64)
+                live, tokens, src_mask = live[idx], tokens[idx], src_mask[idx]
+                cross = {k: v[idx] for k, v in cross.items()}
+                past = [p[idx] for p in past]
+            if not len(live):
+                break
+        for row in live:
+            results[row] = Hypothesis(generated[row], float(total[row]), 0.0, False)
+        final = [h for h in results if h is not None]
+        for h in final:
+            h.score = h.logprob / max(len(h.tokens) + h.finished, 1)
+        return final
+
+    def beam_search(
+        self,
+        sources: list[list[int]],
+        beam_size: int,
+        max_new_tokens: int,
+        length_penalty: float = 1.0,
+        num_return: int = 1,
+    ) -> list[list[Hypothesis]]:
+        """Per request, the `num_return` best hypotheses (by length-penalised score), best first."""
+        assert 1 <= num_return <= beam_size, (
+            f"num_return {num_return} must be within 1..beam_size {beam_size}"
+        )
+        n, k = len(sources), beam_size
+        cross, src_mask = self.encode(sources)
+        cross = {name: np.repeat(v, k, axis=0) for name, v in cross.items()}  # (n * k, H, S, Dh)
+        src_mask = np.repeat(src_mask, k, axis=0)
+        past = self._empty_past(n * k)
+        beam_logprob = np.full((n, k), -np.inf)
+        beam_logprob[:, 0] = 0.0  # one live beam per request at the start
+        beam_tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+        tokens = np.full(n * k, self.bos_id, dtype=np.int64)
+        finished = [_RequestBeams(k, length_penalty) for _ in range(n)]
+        closed = np.zeros(n, dtype=bool)
+        limit = self._limit(max_new_tokens)
+        for step in range(limit):
+            lp, past = self._step(tokens, step, src_mask, cross, past)
+            vocab = lp.shape[-1]
+            candidates = (beam_logprob[:, :, None] + lp.reshape(n, k, vocab)).reshape(n, k * vocab)
+            top = np.argsort(-candidates, axis=1)[:, : 2 * k]  # enough to refill k beams after </s> picks
+            source_rows = np.zeros(n * k, dtype=np.int64)
+            next_tokens = np.full(n * k, self.pad_id, dtype=np.int64)
+            next_logprob = np.full((n, k), -np.inf)
+            next_beam_tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+            for r in range(n):
+                if closed[r]:
+                    source_rows[r * k : (r + 1) * k] = r * k
+                    continue
+                filled = 0
+                for flat in top[r]:
+                    score = candidates[r, flat]
+                    if not np.isfinite(score):
+                        break
+                    beam, token = divmod(int(flat), vocab)
+                    if token == self.eos_id:
+                        finished[r].add(beam_tokens[r][beam], float(score), True)
+                        continue
+                    source_rows[r * k + filled] = r * k + beam
+                    next_tokens[r * k + filled] = token
+                    next_logprob[r, filled] = score
+                    next_beam_tokens[r][filled] = [*beam_tokens[r][beam], token]
+                    filled += 1
+                    if filled == k:
+                        break
+                if filled == 0 or finished[r].is_done(float(next_logprob[r].max()), step + 1):
+                    closed[r] = True
+            if closed.all():
+                break
+            past = [p[source_rows] for p in past]
+            tokens, beam_logprob, beam_tokens = next_tokens, next_logprob, next_beam_tokens
+        for r in np.flatnonzero(~closed):  # cut by the length limit: live beams compete with finished ones
+            for b in range(k):
+                if np.isfinite(beam_logprob[r, b]):
+                    finished[r].add(beam_tokens[r][b], float(beam_logprob[r, b]), False)
+        return [f.done[:num_return] for f in finished]

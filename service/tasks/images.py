@@ -1,0 +1,57 @@
+"""Images: decode PNG/JPEG of any size and mode, convert and normalise exactly as in training."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+RESAMPLE = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "nearest": Image.Resampling.NEAREST,
+}
+
+
+class ImageDecodeError(ValueError):
+    pass
+
+
+def decode_image(data: bytes, preprocessing: dict[str, Any], max_pixels: int) -> np.ndarray:
+    """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size.
+
+    The pixel count is checked from the header before any pixel is decoded,
+    so a decompression bomb is refused, not expanded.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.format not in ("PNG", "JPEG"):
+            raise ImageDecodeError(f"unsupported image format {image.format}: send PNG or JPEG")
+        width, height = image.size
+        if width * height > max_pixels:
+            raise ImageDecodeError(f"image has {width}x{height} pixels, more than the limit of {max_pixels}")
+        image.load()
+    except ImageDecodeError:
+        raise
+    except Exception as exc:  # PIL raises many types for broken data
+        raise ImageDecodeError(f"could not decode the image: {exc}") from exc
+    if image.mode in ("RGBA", "LA", "P"):  # flatten transparency onto black, the training background
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
+        image = Image.alpha_composite(background, rgba)
+    image = image.convert(preprocessing["color_mode"])
+    target_h, target_w = preprocessing["image_size"]
+    if image.size != (target_w, target_h):
+        image = image.resize((target_w, target_h), RESAMPLE[preprocessing["resample"]])
+    return np.asarray(image, dtype=np.uint8)
+
+
+def to_pixel_values(images: np.ndarray, preprocessing: dict[str, Any]) -> np.ndarray:
+    """uint8 (N, H, W[, C]) -> float32 (N, C, H, W), scaled and normalised with the training statistics."""
+    x = images.astype(np.float32) * np.float32(preprocessing["scale"])
+    x = x[:, None, :, :] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
+    mean = np.asarray(preprocessing["mean"], dtype=np.float32)[None, :, None, None]
+    std = np.asarray(preprocessing["std"], dtype=np.float32)[None, :, None, None]
+    return (x - mean) / std
