@@ -106,7 +106,9 @@ def train(
             log.info("%s: time budget of %.0fs reached after %d steps", desc, spec.time_budget_s, step)
             break
         progress = max(step / spec.max_steps, elapsed / spec.time_budget_s)
-        lr = spec.lr * min(1.0, (step + 1) / max(1, spec.warmup_steps))
+        # Warmup ends after warmup_steps or 5% of the time budget, whichever comes first: on a slow
+        # machine a time-limited run may only make a few hundred steps in all.
+        lr = spec.lr * min(1.0, max((step + 1) / max(1, spec.warmup_steps), elapsed / (0.05 * spec.time_budget_s)))
         lr *= spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -108,6 +108,7 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         num_heads=s["num_heads"],
         intermediate_size=s["intermediate_size"],
         max_position=s["max_position"],
+        dropout=s["dropout"],
     )
     mlm = BertForMaskedLM(BertEncoder(config))
     cls_id, sep_id, mask_id = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
@@ -144,6 +145,13 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         "pretraining": {"objective": "masked-LM", "texts": len(texts), **result.summary()},
     }
     return PreparedEncoder(mlm.encoder, tokenizer, None, origin, result.losses)
+
+
+def set_dropout(model: nn.Module, p: float) -> None:
+    """Fine-tuning budgets here are under one epoch: dropout would only slow convergence (and costs 15% of a step)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = p
 
 
 def truncate(ids: list[int], max_len: int) -> list[int]:
@@ -215,6 +223,7 @@ def _train_head(
     prepared: PreparedEncoder,
 ) -> TrainResult:
     s = ctx.settings
+    set_dropout(model, s["dropout"])
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
     result = train(
         model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"

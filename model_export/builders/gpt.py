@@ -60,6 +60,7 @@ def train_model(ctx: BuildContext) -> Trained:
     tokenizer = train_byte_level_bpe(text.splitlines(keepends=True), s["vocab_size"], [EOS])
     ids = torch.tensor(tokenizer.encode(text).ids, dtype=torch.long)
     config = GPTConfig(
+        dropout=s["dropout"],
         vocab_size=tokenizer.get_vocab_size(),
         d_model=s["d_model"],
         num_layers=s["num_layers"],

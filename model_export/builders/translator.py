@@ -92,6 +92,7 @@ def train_model(ctx: BuildContext) -> Trained:
     limit = s["max_len"] - 2
     pairs = [(a, b) for a, b in zip(src_ids, tgt_ids, strict=True) if len(a) <= limit and len(b) <= limit]
     config = TranslatorConfig(
+        dropout=s["dropout"],
         vocab_size=tokenizer.get_vocab_size(),
         d_model=s["d_model"],
         num_heads=s["num_heads"],

@@ -27,6 +27,7 @@ def train_model(ctx: BuildContext) -> Trained:
     pixels = torch.from_numpy((scaled - mean) / std).unsqueeze(1)  # (N, 1, 28, 28)
     targets = torch.from_numpy(labels.astype(np.int64))
     config = ViTConfig(
+        dropout=s["dropout"],
         image_size=28,
         patch_size=s["patch_size"],
         channels=1,

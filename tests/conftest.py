@@ -1,0 +1,142 @@
+"""Shared fixtures: the tiny model repository (real ONNX files, built in seconds) and a real Redis server.
+
+The tiny models are built once per test session by the real CLI
+(`python -m model_export all --profile tiny`) into .cache/test-models/<key>,
+where the key hashes the export and task code: an unchanged tree reuses the
+last build, any change to how models are built gives a fresh one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+
+def _source_key() -> str:
+    digest = hashlib.sha256()
+    for folder in ("model_export", "service/tasks", "service/engine"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(path.relative_to(ROOT).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    from model_export.data import resolve_data_dir
+
+    return resolve_data_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(data_dir: Path) -> Path:
+    """A model repository with every model in the tiny profile; trained checkpoints under .work/."""
+    out = ROOT / ".cache" / "test-models" / _source_key()
+    if not (out / "evaluation.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "model_export",
+            "all",
+            "--profile",
+            "tiny",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(data_dir),
+        ]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"tiny model build failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+@pytest.fixture
+def model_repo(tiny_models: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny repository that a test may damage."""
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_models, repo, ignore=shutil.ignore_patterns(".work"))
+    return repo
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, killable and restartable by tests."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: run `make setup` (it installs it with apt)")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """REDIS_URL when the environment gives one, else a private redis-server for this session."""
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
