@@ -98,7 +98,9 @@ def train(
     losses: list[float] = []
     examples = units = step = 0
     start = time.perf_counter()
-    bar = tqdm(total=spec.max_steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=2.0)
+    # The bar counts progress in thousandths of whichever limit binds first (steps or time budget),
+    # so its ETA is the real time left.
+    bar = tqdm(total=1000, desc=desc, unit="‰", dynamic_ncols=True, mininterval=2.0, bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
     ema = None
     while step < spec.max_steps:
         elapsed = time.perf_counter() - start
@@ -127,14 +129,9 @@ def train(
         losses.append(value)
         ema = value if ema is None else 0.98 * ema + 0.02 * value
         elapsed = time.perf_counter() - start
-        bar.update(1)
-        bar.set_postfix(
-            loss=f"{ema:.3f}",
-            lr=f"{lr:.1e}",
-            **{f"{unit}/s": f"{units / elapsed:.0f}"},
-            budget_left=f"{max(0.0, spec.time_budget_s - elapsed):.0f}s",
-            refresh=False,
-        )
+        done = int(1000 * min(1.0, max(step / spec.max_steps, elapsed / spec.time_budget_s)))
+        bar.set_postfix(step=step, loss=f"{ema:.3f}", lr=f"{lr:.1e}", **{f"{unit}/s": f"{units / elapsed:.0f}"}, refresh=False)
+        bar.update(done - bar.n)
     bar.close()
     seconds = time.perf_counter() - start
     model.eval()

@@ -1,0 +1,85 @@
+"""The part every batched pipeline shares: one DynamicBatcher per model, all-or-nothing admission, await.
+
+This is TEI's ``infer`` step: a request's items are admitted together or not
+at all (a request never half-enters a queue), each item is queued with its
+token cost, and the caller awaits all of them. If the caller goes away
+(its task is cancelled, e.g. the client disconnected), every item still
+waiting is dropped before it reaches the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
+from service.engine.errors import QueueFullError
+from service.engine.repository import LoadedModel
+
+Item = TypeVar("Item")
+Out = TypeVar("Out")
+
+
+class ModelPipeline(ABC):
+    """One served model: its task-specific pre/post-processing and the engine that runs it."""
+
+    task: str
+
+    def __init__(self, model: LoadedModel) -> None:
+        assert model.task == self.task, f"{type(self).__name__} serves {self.task}, not {model.task}"
+        self.model = model
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self, timeout_s: float) -> None: ...
+
+    @abstractmethod
+    async def warmup(self) -> None:
+        """One real, small inference through the whole path, so the first client pays no start-up cost."""
+
+
+class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
+    """A pipeline whose model calls go through a dynamic batcher; subclasses supply ``run_batch``."""
+
+    def __init__(
+        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+    ) -> None:
+        super().__init__(model)
+        self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(model.name, policy, self.run_batch, observer)
+
+    @abstractmethod
+    def run_batch(self, items: list[Item]) -> Sequence[Out | BaseException]:
+        """Blocking: run the model over ``items`` (one batch) and return one result or error per item."""
+
+    async def start(self) -> None:
+        await self.batcher.start()
+
+    async def stop(self, timeout_s: float) -> None:
+        await self.batcher.stop(drain=True, timeout_s=timeout_s)
+
+    async def infer(self, items: Sequence[Item], costs: Sequence[int]) -> list[Out]:
+        """Queue every item (cost = its token length) and wait for all results, in order.
+
+        Raises ``QueueFullError`` at once when the queue cannot take all items; if one
+        item fails, the others are withdrawn and the error propagates.
+        """
+        policy = self.batcher.policy
+        if self.batcher.depth + len(items) > policy.max_queue_size:
+            raise QueueFullError(self.name, self.batcher.depth, self.batcher.retry_after_s())
+        tasks = [
+            asyncio.ensure_future(self.batcher.submit(item, cost)) for item, cost in zip(items, costs, strict=True)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:  # on failure or cancellation: withdraw what is still queued
+                if not task.done():
+                    task.cancel()

@@ -1,0 +1,117 @@
+"""Classification pipelines: BERT [CLS] head over text, ViT over images; both return top-k labels."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image
+
+from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.repository import LoadedModel
+from service.engine.sampling import softmax
+from service.tasks.images import ImageDecodeError, decode_image, to_pixel_values
+from service.tasks.text import pad_batch, truncate
+
+from .batched import BatchedPipeline
+from .encoding import EncodedText, encode_texts, feeds_for
+from .errors import InvalidInputError
+from .results import Classification, LabelScore, Outcome, Usage
+
+
+def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:
+    """The ``top_k`` most probable labels (ties keep label order); top_k beyond the label count means all."""
+    order = np.argsort(-probs, kind="stable")[: max(1, min(top_k, len(labels)))]
+    top = [LabelScore(labels[i], float(probs[i])) for i in order]
+    return Classification(top[0].label, top[0].score, top, truncated)
+
+
+class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
+    """Text -> label probabilities. Texts longer than the model's window are cut to it (``truncated``)."""
+
+    task = "text-classification"
+
+    def __init__(
+        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+    ) -> None:
+        super().__init__(model, policy, observer)
+        assert model.tokenizer is not None, "text model without a tokenizer"
+        self.tokenizer = model.tokenizer
+        self.labels = [str(label) for label in model.manifest["labels"]]
+        self.max_len = int(model.manifest["max_sequence_length"])
+        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.graph = model.graphs["model"]
+
+    def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
+        logits = self.graph.run(feeds_for(self.graph, pad_batch(items, self.pad_id)))[0]
+        return list(softmax(logits))
+
+    def encode(self, texts: Sequence[str]) -> list[EncodedText]:
+        return [
+            EncodedText(truncate(e.ids, self.max_len), len(e.ids) > self.max_len)
+            for e in encode_texts(self.tokenizer, texts)
+        ]
+
+    async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
+        encoded = await asyncio.to_thread(self.encode, texts)
+        probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
+        results = [top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)]
+        usage = Usage(input_tokens=sum(len(e.ids) for e in encoded))
+        return Outcome(self.name, self.model.version, results, usage)
+
+    async def warmup(self) -> None:
+        await self.classify(["warm-up"], top_k=1)
+
+
+class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
+    """Image bytes (PNG/JPEG, any size and mode) -> label probabilities, preprocessed exactly as in training."""
+
+    task = "image-classification"
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        max_image_pixels: int,
+        observer: BatcherObserver | None = None,
+    ) -> None:
+        super().__init__(model, policy, observer)
+        self.labels = [str(label) for label in model.manifest["labels"]]
+        self.preprocessing = model.manifest["preprocessing"]
+        self.max_image_pixels = max_image_pixels
+        self.graph = model.graphs["model"]
+        config = model.manifest.get("config", {})
+        # The batcher's token budget counts patches (+ [CLS]): every image costs the same.
+        size, patch = config.get("image_size"), config.get("patch_size")
+        self.cost = (size // patch) ** 2 + 1 if size and patch else 1
+
+    def run_batch(self, items: list[np.ndarray]) -> Sequence[np.ndarray]:
+        pixels = to_pixel_values(np.stack(items), self.preprocessing)
+        logits = self.graph.run({self.graph.input_names[0]: pixels})[0]
+        return list(softmax(logits))
+
+    def decode(self, images: Sequence[bytes], fields: Sequence[str]) -> list[np.ndarray]:
+        decoded = []
+        for data, field in zip(images, fields, strict=True):
+            try:
+                decoded.append(decode_image(data, self.preprocessing, self.max_image_pixels))
+            except ImageDecodeError as exc:
+                raise InvalidInputError(str(exc), field=field) from exc
+        return decoded
+
+    async def classify(
+        self, images: Sequence[bytes], top_k: int, fields: Sequence[str]
+    ) -> Outcome[Classification]:
+        """``fields`` names each image's request field, so an undecodable one is reported by name."""
+        decoded = await asyncio.to_thread(self.decode, images, fields)
+        probs = await self.infer(decoded, [self.cost] * len(decoded))
+        results = [top_labels(p, self.labels, top_k) for p in probs]
+        return Outcome(self.name, self.model.version, results, Usage(input_tokens=self.cost * len(decoded)))
+
+    async def warmup(self) -> None:
+        height, width = self.preprocessing["image_size"]
+        png = io.BytesIO()
+        Image.new("L", (width, height)).save(png, format="PNG")
+        await self.classify([png.getvalue()], top_k=1, fields=["warm-up"])

@@ -1,0 +1,52 @@
+"""Request-level domain errors: what a client did wrong, or why the service cannot answer now.
+
+The engine's own errors (queue full, queue timeout, closed) live in
+``service.engine.errors``; the HTTP layer maps both families to responses in
+one exception-handler table (``service.api.errors``). Each error names the
+request field at fault, so a client can fix the right thing.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error the inference layer raises on purpose."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInputError(ServiceError):
+    """An input the schema accepted but the model cannot take (too long in tokens, undecodable image...)."""
+
+
+class TaskMismatchError(InvalidInputError):
+    """The named model serves another task than the input asks for (e.g. an image for a text classifier)."""
+
+
+class ModelNotFoundError(ServiceError):
+    """No loaded model has this name (it may have been refused at start-up: see GET /v1/models)."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        listed = ", ".join(available) or "none"
+        super().__init__(f"model {name!r} is not loaded (loaded: {listed})", field="model")
+        self.name = name
+
+
+class NoModelForTaskError(ServiceError):
+    """The request names no model and no loaded model serves its task."""
+
+    def __init__(self, task: str) -> None:
+        super().__init__(f"no loaded model serves {task}", field="model")
+        self.task = task
+
+
+class NotReadyError(ServiceError):
+    """The service is starting or stopping; the client should retry after ``retry_after_s``."""
+
+    def __init__(self, state: str, retry_after_s: int = 1) -> None:
+        super().__init__(f"service is {state}, not ready for inference")
+        self.state = state
+        self.retry_after_s = retry_after_s

@@ -1,0 +1,148 @@
+"""Extraction pipelines: extractive QA over sliding windows, and named entities from token tags.
+
+QA: each (question, context) becomes all its windows ([CLS] question [SEP]
+chunk [SEP], ``stride`` tokens of overlap, from the manifest); one queue entry
+holds all windows of one pair, and ``run_batch`` runs every window of every
+pair in the batch together (cut into model calls that fit the token budget),
+then picks each pair's best span over its own windows.
+
+Entities: a text longer than the model's window is cut to it; words beyond
+are not tagged and the result says ``truncated``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.repository import LoadedModel
+from service.tasks.entities import group_entities, word_char_spans, word_predictions
+from service.tasks.qa import QAWindow, Span, best_span, qa_windows
+from service.tasks.text import pad_batch
+
+from .batched import BatchedPipeline
+from .encoding import encode_texts, feeds_for
+from .results import Answer, Entities, EntitySpan, Outcome, Usage
+
+
+class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
+    task = "question-answering"
+
+    def __init__(
+        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+    ) -> None:
+        super().__init__(model, policy, observer)
+        assert model.tokenizer is not None, "text model without a tokenizer"
+        self.tokenizer = model.tokenizer
+        qa = model.manifest["qa"]
+        self.stride = int(qa["stride"])
+        self.max_question_length = int(qa["max_question_length"])
+        self.max_answer_length = int(qa["max_answer_length"])
+        self.max_len = int(model.manifest["max_sequence_length"])
+        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.graph = model.graphs["model"]
+        # Windows per model call: a long context's windows never exceed the batch token budget at once.
+        self.rows_per_call = max(1, policy.max_batch_tokens // self.max_len)
+
+    def run_batch(self, items: list[list[QAWindow]]) -> Sequence[Span | None]:
+        windows = [w for item in items for w in item]
+        starts: list[np.ndarray] = []
+        ends: list[np.ndarray] = []
+        for i in range(0, len(windows), self.rows_per_call):
+            chunk = windows[i : i + self.rows_per_call]
+            feeds = pad_batch([w.input_ids for w in chunk], self.pad_id, [w.token_type_ids for w in chunk])
+            start_logits, end_logits = self.graph.run(feeds_for(self.graph, feeds))[:2]
+            starts.extend(start_logits)
+            ends.extend(end_logits)
+        spans: list[Span | None] = []
+        first = 0
+        for item in items:
+            last = first + len(item)
+            spans.append(best_span(item, starts[first:last], ends[first:last], self.max_answer_length))
+            first = last
+        return spans
+
+    def windows(self, pairs: Sequence[tuple[str, str]]) -> list[list[QAWindow]]:
+        return [
+            qa_windows(self.tokenizer, q, c, self.max_len, self.stride, self.max_question_length)
+            for q, c in pairs
+        ]
+
+    async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
+        """``pairs`` are (question, context); offsets in the answers index into each context."""
+        windows = await asyncio.to_thread(self.windows, pairs)
+        costs = [len(w) * max(map(len, w)) for w in windows]
+        spans = await self.infer(windows, costs)
+        results = []
+        for (_, context), span, item in zip(pairs, spans, windows, strict=True):
+            if span is None:
+                results.append(Answer("", 0, 0, 0.0, None, len(item)))
+            else:
+                results.append(
+                    Answer(context[span.start : span.end], span.start, span.end, span.score, span.window, len(item))
+                )
+        usage = Usage(input_tokens=sum(len(w) for item in windows for w in item))
+        return Outcome(self.name, self.model.version, results, usage)
+
+    async def warmup(self) -> None:
+        await self.answer([("What is warmed up?", "The model is warmed up.")])
+
+
+@dataclass(frozen=True)
+class TaggedText:
+    ids: list[int]
+    word_ids: list[int | None]
+    offsets: list[tuple[int, int]]
+    truncated: bool
+
+
+class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
+    task = "token-classification"
+
+    def __init__(
+        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+    ) -> None:
+        super().__init__(model, policy, observer)
+        assert model.tokenizer is not None, "text model without a tokenizer"
+        self.tokenizer = model.tokenizer
+        self.labels = [str(label) for label in model.manifest["labels"]]
+        self.max_len = int(model.manifest["max_sequence_length"])
+        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.graph = model.graphs["model"]
+
+    def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
+        logits = self.graph.run(feeds_for(self.graph, pad_batch(items, self.pad_id)))[0]
+        return [logits[j, : len(ids)] for j, ids in enumerate(items)]
+
+    def encode(self, texts: Sequence[str]) -> list[TaggedText]:
+        tagged = []
+        for e in encode_texts(self.tokenizer, texts):
+            ids, word_ids, offsets = list(e.ids), list(e.word_ids), list(e.offsets)
+            truncated = len(ids) > self.max_len
+            if truncated:  # keep the final [SEP], as in training
+                keep = self.max_len - 1
+                ids, word_ids, offsets = [*ids[:keep], ids[-1]], [*word_ids[:keep], None], [*offsets[:keep], (0, 0)]
+            tagged.append(TaggedText(ids, word_ids, offsets, truncated))
+        return tagged
+
+    def entities(self, text: str, tagged: TaggedText, logits: np.ndarray) -> Entities:
+        tags, scores = word_predictions(logits, tagged.word_ids, self.labels)
+        spans = word_char_spans(tagged.word_ids, tagged.offsets)
+        found = [
+            EntitySpan(text[e.start : e.end], e.label, e.start, e.end, e.score)
+            for e in group_entities(tags, scores, spans)
+        ]
+        return Entities(found, tagged.truncated)
+
+    async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
+        tagged = await asyncio.to_thread(self.encode, texts)
+        logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
+        results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
+        return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
+
+    async def warmup(self) -> None:
+        await self.tag(["Ada Lovelace lived in London."])

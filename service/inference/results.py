@@ -1,0 +1,100 @@
+"""What the pipelines return: plain dataclasses, so the core knows nothing of JSON or HTTP.
+
+The HTTP layer validates these into its response schemas (``from_attributes``);
+a response cache can serialise them with ``dataclasses.asdict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request: tokens fed to the model(s), and tokens generated."""
+
+    input_tokens: int
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[R]):
+    """One request's results (same order as its inputs) and what produced them.
+
+    ``cached`` is the response-cache seam: pipelines always compute (False); a
+    cache in front of them returns stored outcomes with ``cached=True``.
+    """
+
+    model: str
+    model_version: str
+    results: list[R]
+    usage: Usage
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class LabelScore:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str  # the most probable label
+    score: float  # its softmax probability
+    top: list[LabelScore]  # the top_k labels, most probable first
+    truncated: bool = False  # the text was cut to the model's window
+
+
+@dataclass(frozen=True)
+class TranslationSequence:
+    text: str
+    score: float  # length-penalised log-probability (beam) or mean token log-probability (greedy)
+    finish_reason: str  # "eos" | "length"
+    tokens: int  # generated tokens, </s> excluded
+
+
+@dataclass(frozen=True)
+class Translation:
+    sequences: list[TranslationSequence]  # best first, num_return_sequences of them
+    truncated: bool = False  # the source was cut to the model's max_source_length
+
+
+@dataclass(frozen=True)
+class Answer:
+    answer: str
+    start: int  # character offsets into the context: answer == context[start:end]
+    end: int
+    score: float  # p(start) * p(end) within the window the span came from
+    window: int | None  # index of that sliding window (None: the context held no usable token)
+    windows: int  # how many windows the context was cut into
+
+
+@dataclass(frozen=True)
+class EntitySpan:
+    text: str
+    label: str
+    start: int  # character offsets into the input text: text == input[start:end]
+    end: int
+    score: float  # mean probability of the entity's word tags
+
+
+@dataclass(frozen=True)
+class Entities:
+    entities: list[EntitySpan]
+    truncated: bool = False  # words beyond the model's window were not tagged
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    finish_reason: str  # "length" | "stop" | "eos"
+    prompt_tokens: int
+    completion_tokens: int

@@ -1,0 +1,140 @@
+"""Translation: tokenised sources -> KV-cached greedy or beam search, batched across requests.
+
+One batch may hold requests with different decoding parameters. ``run_batch``
+groups its items by (beam_size, max_new_tokens, length_penalty,
+num_return_sequences) and runs one ``Seq2SeqModel`` call per group, so every
+item is decoded exactly as it would be alone (decoding rows never interact).
+
+Default ``max_new_tokens``: twice the source tokens plus 10 (a translation is
+rarely longer; this stops degenerate repetition early), rounded up to a
+multiple of 16 so requests of similar length share a group. Any value is
+capped by MAX_NEW_TOKENS and by the model's own target length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.repository import LoadedModel
+from service.engine.seq2seq import Hypothesis, Seq2SeqModel
+from service.tasks.text import truncate
+
+from .batched import BatchedPipeline
+from .encoding import encode_texts
+from .results import Outcome, Translation, TranslationSequence, Usage
+
+_DEFAULT_LIMIT_STEP = 16
+
+
+@dataclass(frozen=True)
+class DecodingParams:
+    """How to decode; ``beam_size == 1`` is greedy search."""
+
+    beam_size: int = 1
+    max_new_tokens: int | None = None  # None: the per-source default described above
+    length_penalty: float = 1.0
+    num_return_sequences: int = 1
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.num_return_sequences <= self.beam_size, "num_return_sequences must be in 1..beam_size"
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One source sentence in the queue, with the decoding parameters its group is keyed on."""
+
+    ids: list[int]
+    beam_size: int
+    max_new_tokens: int
+    length_penalty: float
+    num_return_sequences: int
+
+    @property
+    def group(self) -> tuple[int, int, float, int]:
+        return (self.beam_size, self.max_new_tokens, self.length_penalty, self.num_return_sequences)
+
+
+class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
+    task = "translation"
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        max_new_tokens: int,
+        observer: BatcherObserver | None = None,
+    ) -> None:
+        super().__init__(model, policy, observer)
+        assert model.tokenizer is not None, "text model without a tokenizer"
+        manifest = model.manifest
+        self.tokenizer = model.tokenizer
+        self.seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], manifest)
+        self.max_source_length = int(manifest["max_source_length"])
+        self.suffix = [int(t) for t in manifest.get("source_suffix", [manifest["special_tokens"]["eos"]])]
+        self.max_new_tokens = max(
+            1,
+            min(max_new_tokens, int(manifest["max_target_length"]), int(manifest["max_sequence_length"]) - 1),
+        )
+
+    def run_batch(self, items: list[SourceItem]) -> Sequence[list[Hypothesis] | BaseException]:
+        groups: dict[tuple[int, int, float, int], list[int]] = {}
+        for i, item in enumerate(items):
+            groups.setdefault(item.group, []).append(i)
+        results: list[list[Hypothesis] | BaseException] = [[] for _ in items]
+        for (beam, limit, penalty, num_return), indices in groups.items():
+            sources = [items[i].ids for i in indices]
+            hypotheses: Sequence[list[Hypothesis] | BaseException]
+            try:
+                if beam == 1:
+                    hypotheses = [[h] for h in self.seq2seq.greedy(sources, limit)]
+                else:
+                    hypotheses = self.seq2seq.beam_search(sources, beam, limit, penalty, num_return)
+            except Exception as exc:  # one group failing must not fail the other groups of the batch
+                hypotheses = [exc] * len(indices)
+            for i, h in zip(indices, hypotheses, strict=True):
+                results[i] = h
+        return results
+
+    def default_limit(self, source: list[int]) -> int:
+        heuristic = Seq2SeqModel.default_max_new_tokens([source])
+        return -(-heuristic // _DEFAULT_LIMIT_STEP) * _DEFAULT_LIMIT_STEP
+
+    def prepare(self, texts: Sequence[str], params: DecodingParams) -> list[tuple[SourceItem, bool]]:
+        prepared = []
+        for encoding in encode_texts(self.tokenizer, texts):
+            full = [*encoding.ids, *self.suffix]
+            ids = truncate(full, self.max_source_length)
+            limit = params.max_new_tokens if params.max_new_tokens is not None else self.default_limit(ids)
+            item = SourceItem(
+                ids,
+                params.beam_size,
+                min(limit, self.max_new_tokens),
+                params.length_penalty,
+                params.num_return_sequences,
+            )
+            prepared.append((item, len(full) > len(ids)))
+        return prepared
+
+    def _sequence(self, h: Hypothesis) -> TranslationSequence:
+        text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
+        return TranslationSequence(text, float(h.score), "eos" if h.finished else "length", len(h.tokens))
+
+    async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
+        prepared = await asyncio.to_thread(self.prepare, texts, params)
+        items = [item for item, _ in prepared]
+        outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])
+        results = [
+            Translation([self._sequence(h) for h in hyps], truncated)
+            for hyps, (_, truncated) in zip(outputs, prepared, strict=True)
+        ]
+        usage = Usage(
+            input_tokens=sum(len(item.ids) for item in items),
+            output_tokens=sum(s.tokens for r in results for s in r.sequences),
+        )
+        return Outcome(self.name, self.model.version, results, usage)
+
+    async def warmup(self) -> None:
+        await self.translate(["warm-up"], DecodingParams(max_new_tokens=2))
