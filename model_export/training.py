@@ -34,6 +34,7 @@ class TrainSpec:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     min_lr_ratio: float = 0.05
+    device: str = "cpu"
 
 
 @dataclass
@@ -91,7 +92,7 @@ def train(
     `loss_fn(model, batch)` returns (loss, examples in the batch, units in the
     batch) where units are what throughput is counted in (tokens, images).
     """
-    model.train()
+    model.to(spec.device).train()
     optimizer = torch.optim.AdamW(
         _param_groups(model, spec.weight_decay), lr=spec.lr, betas=(0.9, 0.98), eps=1e-8
     )
@@ -115,7 +116,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr
 
-        loss, n_examples, n_units = loss_fn(model, next(batches))
+        loss, n_examples, n_units = loss_fn(model, to_device(next(batches), spec.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if spec.grad_clip:
@@ -134,12 +135,22 @@ def train(
         bar.update(done - bar.n)
     bar.close()
     seconds = time.perf_counter() - start
-    model.eval()
+    model.cpu().eval()  # export and checkpoints work on CPU tensors
     tail = losses[-50:] or [float("nan")]
     result = TrainResult(step, seconds, examples, units, unit, float(np.mean(tail)), losses)
     if curve_path is not None:
         save_curve(losses, curve_path, desc)
     return result
+
+
+def to_device(batch: Any, device: str) -> Any:
+    if device == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device) for b in batch)
+    return batch
 
 
 def save_curve(losses: list[float], path: Path, title: str) -> None:

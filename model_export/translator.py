@@ -109,11 +109,18 @@ class Translator(nn.Module):
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, T, V) for every target position at once."""
+        return self.generator(self.decoder_states(src_ids, src_mask, tgt_ids))
+
+    def decoder_states(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing up to the final norm: (B, T, D). Training projects only the real positions to the vocabulary."""
         memory = self.encode(src_ids, src_mask)
         b, t = tgt_ids.shape
         tgt_mask = (tgt_ids != self.config.pad_id).long()
         # Right padding: positions are plain 0..T-1, and causality keeps padding out of real tokens.
         tgt_mask[:, 0] = 1
         positions = torch.arange(t, device=tgt_ids.device).expand(b, t)
-        logits, _ = self.decode(tgt_ids, tgt_mask, positions, src_mask, self.cross_kv(memory))
-        return logits
+        x = self._embed(tgt_ids, positions)
+        self_mask, memory_mask = decoder_self_mask(tgt_mask, t), padding_mask(src_mask)
+        for layer, kv in zip(self.decoder_layers, self.cross_kv(memory), strict=True):
+            x, _ = layer(x, self_mask, memory_kv=kv, memory_mask=memory_mask)
+        return self.decoder_norm(x)

@@ -129,3 +129,13 @@ def test_vit_output_per_image_is_independent_of_the_batch() -> None:
     vit = ViT(ViTConfig(d_model=32, num_layers=2, num_heads=4, d_ff=64)).eval()
     x = torch.randn(3, 1, 28, 28)
     assert torch.allclose(vit(x)[1], vit(x[1:2])[0], atol=ATOL)
+
+
+@torch.no_grad()
+def test_translator_teacher_forcing_matches_the_exported_decode_path(translator: Translator) -> None:
+    src, tgt = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
+    src_mask = torch.ones_like(src)
+    memory = translator.encode(src, src_mask)
+    positions = torch.arange(5).expand(2, 5)
+    decoded, _ = translator.decode(tgt, torch.ones_like(tgt), positions, src_mask, translator.cross_kv(memory))
+    assert torch.allclose(translator(src, src_mask, tgt), decoded, atol=ATOL)

@@ -138,7 +138,7 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), ids.numel()
 
-    spec = TrainSpec(s["pretrain_steps"], float(s["pretrain_budget_s"]), s["pretrain_lr"], warmup_steps=200)
+    spec = TrainSpec(s["pretrain_steps"], float(s["pretrain_budget_s"]), s["pretrain_lr"], warmup_steps=200, device=ctx.device)
     result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
     origin = {
         "init_from": None,
@@ -224,7 +224,7 @@ def _train_head(
 ) -> TrainResult:
     s = ctx.settings
     set_dropout(model, s["dropout"])
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
+    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
     result = train(
         model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"
     )

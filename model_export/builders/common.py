@@ -31,6 +31,7 @@ class BuildContext:
     settings: dict[str, Any]
     seed: int = 0
     init_from: Path | None = None
+    device: str = "cpu"
 
     @property
     def model_dir(self) -> Path:

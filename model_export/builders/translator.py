@@ -106,16 +106,13 @@ def train_model(ctx: BuildContext) -> Trained:
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
         src, tgt_in, tgt_out = batch
-        logits = m(src, (src != PAD).long(), tgt_in)
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)),
-            tgt_out.reshape(-1),
-            ignore_index=PAD,
-            label_smoothing=s["label_smoothing"],
-        )
+        real = tgt_out != PAD  # a third of a batch can be padding: skip its vocabulary projection
+        states = m.decoder_states(src, (src != PAD).long(), tgt_in)  # (B, T, D)
+        logits = m.generator(states[real])  # (N_real, V)
+        loss = F.cross_entropy(logits, tgt_out[real], label_smoothing=s["label_smoothing"])
         return loss, len(src), int((tgt_out != PAD).sum())
 
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01)
+    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
     batches = infinite(lambda e: token_batches(pairs, s["batch_tokens"], ctx.seed + e))
     result = train(
         model, batches, loss_fn, spec, ctx.name, "target_tokens", ctx.work_dir / "training_curve.png"

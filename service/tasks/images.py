@@ -25,6 +25,7 @@ def decode_image(data: bytes, preprocessing: dict[str, Any], max_pixels: int) ->
     The pixel count is checked from the header before any pixel is decoded,
     so a decompression bomb is refused, not expanded.
     """
+    image: Image.Image
     try:
         image = Image.open(io.BytesIO(data))
         if image.format not in ("PNG", "JPEG"):

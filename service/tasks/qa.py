@@ -37,6 +37,7 @@ def qa_windows(
     tokenizer: Tokenizer, question: str, context: str, max_len: int, stride: int, max_question_len: int
 ) -> list[QAWindow]:
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    assert cls_id is not None and sep_id is not None, "a QA tokenizer needs [CLS] and [SEP]"
     q_ids = tokenizer.encode(question, add_special_tokens=False).ids[:max_question_len]
     c = tokenizer.encode(context, add_special_tokens=False)
     room = max_len - len(q_ids) - 3
