@@ -25,44 +25,55 @@ class Settings(BaseSettings):
     )
 
     # --- where and how to serve ---------------------------------------------------------
-    model_repository: Path = Field(Path("models"), description="Model repository: one folder per model")
-    host: str = Field("127.0.0.1", description="Bind address (0.0.0.0 in containers)")
-    port: int = Field(8000, ge=0, le=65535)
-    workers: int = Field(1, ge=1, description="uvicorn worker processes; each loads its own models")
+    model_repository: Path = Field(
+        default=Path("models"), description="Model repository: one folder per model"
+    )
+    host: str = Field(default="127.0.0.1", description="Bind address (0.0.0.0 in containers)")
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
 
     # --- ONNX Runtime --------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = Field(
-        "auto", description="auto: CUDA when the session really gets it, else CPU; cuda: fail without it"
+        default="auto",
+        description="auto: CUDA when the session really gets it, else CPU; cuda: fail without it",
     )
-    intra_op_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime choose")
-    inter_op_threads: int = Field(1, ge=0)
+    intra_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime choose")
+    inter_op_threads: int = Field(default=1, ge=0)
 
     # --- dynamic batching (encoder models, translator) ---------------------------------
-    max_batch_size: int = Field(32, ge=1)
-    max_batch_tokens: int = Field(8192, ge=1, description="Padded-token budget per batch (longest x count)")
-    max_queue_delay_ms: float = Field(5.0, ge=0)
-    max_queue_size: int = Field(256, ge=1, description="Waiting items per model; beyond it: 429")
-    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait in a queue; beyond it: 503")
+    max_batch_size: int = Field(default=32, ge=1)
+    max_batch_tokens: int = Field(
+        default=8192, ge=1, description="Padded-token budget per batch (longest x count)"
+    )
+    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    max_queue_size: int = Field(default=256, ge=1, description="Waiting items per model; beyond it: 429")
+    queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in a queue; beyond it: 503")
 
     # --- generation (continuous batching) ------------------------------------------------
-    max_running_sequences: int = Field(16, ge=1, description="Sequences decoded together per step")
+    max_running_sequences: int = Field(default=16, ge=1, description="Sequences decoded together per step")
 
     # --- request limits ------------------------------------------------------------------
-    max_text_chars: int = Field(4096, ge=1, description="Characters per text, prompt or question")
-    max_context_chars: int = Field(20000, ge=1, description="Characters per QA context")
-    max_items: int = Field(32, ge=1, description="Inputs per request (texts, images, prompts, QA pairs)")
-    max_new_tokens: int = Field(256, ge=1, description="Upper bound of max_new_tokens")
-    max_body_bytes: int = Field(4 * MiB, ge=1024, description="Request body limit (413 beyond)")
-    max_image_bytes: int = Field(2 * MiB, ge=1, description="Encoded bytes per image")
-    max_image_pixels: int = Field(4096 * 4096, ge=1, description="Width x height per image, read from the header")
+    max_text_chars: int = Field(default=4096, ge=1, description="Characters per text, prompt or question")
+    max_context_chars: int = Field(default=20000, ge=1, description="Characters per QA context")
+    max_items: int = Field(
+        default=32, ge=1, description="Inputs per request (texts, images, prompts, QA pairs)"
+    )
+    max_new_tokens: int = Field(default=256, ge=1, description="Upper bound of max_new_tokens")
+    max_body_bytes: int = Field(default=4 * MiB, ge=1024, description="Request body limit (413 beyond)")
+    max_image_bytes: int = Field(default=2 * MiB, ge=1, description="Encoded bytes per image")
+    max_image_pixels: int = Field(
+        default=4096 * 4096, ge=1, description="Width x height per image, read from the header"
+    )
 
     # --- start-up, cache, shutdown -------------------------------------------------------
-    warmup: bool = Field(True, description="Run one real inference per model before reporting ready")
-    redis_url: str | None = Field(None, description="Response cache; unset: in-process LRU")
-    cache_ttl_s: int = Field(3600, ge=0)
-    cache_max_entries: int = Field(10000, ge=0)
-    shutdown_timeout_s: float = Field(30.0, ge=0, description="Deadline for in-flight work on SIGTERM")
+    warmup: bool = Field(default=True, description="Run one real inference per model before reporting ready")
+    redis_url: str | None = Field(default=None, description="Response cache; unset: in-process LRU")
+    cache_ttl_s: int = Field(default=3600, ge=0)
+    cache_max_entries: int = Field(default=10000, ge=0)
+    shutdown_timeout_s: float = Field(
+        default=30.0, ge=0, description="Deadline for in-flight work on SIGTERM"
+    )
 
     @model_validator(mode="after")
     def _items_fit_the_queue(self) -> Settings:

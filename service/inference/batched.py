@@ -75,7 +75,8 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         if self.batcher.depth + len(items) > policy.max_queue_size:
             raise QueueFullError(self.name, self.batcher.depth, self.batcher.retry_after_s())
         tasks = [
-            asyncio.ensure_future(self.batcher.submit(item, cost)) for item, cost in zip(items, costs, strict=True)
+            asyncio.ensure_future(self.batcher.submit(item, cost))
+            for item, cost in zip(items, costs, strict=True)
         ]
         try:
             return list(await asyncio.gather(*tasks))

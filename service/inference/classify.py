@@ -57,7 +57,9 @@ class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
     async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
         encoded = await asyncio.to_thread(self.encode, texts)
         probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
-        results = [top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)]
+        results = [
+            top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
+        ]
         usage = Usage(input_tokens=sum(len(e.ids) for e in encoded))
         return Outcome(self.name, self.model.version, results, usage)
 
@@ -98,7 +100,7 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
             try:
                 decoded.append(decode_image(data, self.preprocessing, self.max_image_pixels))
             except ImageDecodeError as exc:
-                raise InvalidInputError(str(exc), field=field) from exc
+                raise InvalidInputError(str(exc), field=field, reason="undecodable_image") from exc
         return decoded
 
     async def classify(

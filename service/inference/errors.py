@@ -19,11 +19,21 @@ class ServiceError(Exception):
 
 
 class InvalidInputError(ServiceError):
-    """An input the schema accepted but the model cannot take (too long in tokens, undecodable image...)."""
+    """An input the schema accepted but the service cannot take (over a limit, undecodable image...).
+
+    ``reason`` is a short machine-readable word for clients (``too_long``, ``undecodable_image``...).
+    """
+
+    def __init__(self, message: str, field: str | None = None, reason: str = "invalid_input") -> None:
+        super().__init__(message, field)
+        self.reason = reason
 
 
 class TaskMismatchError(InvalidInputError):
     """The named model serves another task than the input asks for (e.g. an image for a text classifier)."""
+
+    def __init__(self, message: str, field: str = "model") -> None:
+        super().__init__(message, field, reason="task_mismatch")
 
 
 class ModelNotFoundError(ServiceError):

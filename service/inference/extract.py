@@ -83,7 +83,14 @@ class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
                 results.append(Answer("", 0, 0, 0.0, None, len(item)))
             else:
                 results.append(
-                    Answer(context[span.start : span.end], span.start, span.end, span.score, span.window, len(item))
+                    Answer(
+                        context[span.start : span.end],
+                        span.start,
+                        span.end,
+                        span.score,
+                        span.window,
+                        len(item),
+                    )
                 )
         usage = Usage(input_tokens=sum(len(w) for item in windows for w in item))
         return Outcome(self.name, self.model.version, results, usage)
@@ -125,7 +132,11 @@ class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
             truncated = len(ids) > self.max_len
             if truncated:  # keep the final [SEP], as in training
                 keep = self.max_len - 1
-                ids, word_ids, offsets = [*ids[:keep], ids[-1]], [*word_ids[:keep], None], [*offsets[:keep], (0, 0)]
+                ids, word_ids, offsets = (
+                    [*ids[:keep], ids[-1]],
+                    [*word_ids[:keep], None],
+                    [*offsets[:keep], (0, 0)],
+                )
             tagged.append(TaggedText(ids, word_ids, offsets, truncated))
         return tagged
 

@@ -39,7 +39,9 @@ class DecodingParams:
     num_return_sequences: int = 1
 
     def __post_init__(self) -> None:
-        assert 1 <= self.num_return_sequences <= self.beam_size, "num_return_sequences must be in 1..beam_size"
+        assert 1 <= self.num_return_sequences <= self.beam_size, (
+            "num_return_sequences must be in 1..beam_size"
+        )
 
 
 @dataclass(frozen=True)

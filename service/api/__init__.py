@@ -1,0 +1,1 @@
+"""The HTTP layer: Litestar controllers, request/response schemas, and the one error table."""

@@ -1,0 +1,18 @@
+"""Litestar controllers, one per resource; they only translate between JSON and the inference layer."""
+
+from .classify import ClassifyController
+from .extract import ExtractController
+from .generate import GenerateController
+from .system import HealthController, ModelsController
+from .translate import TranslateController
+
+CONTROLLERS = [
+    TranslateController,
+    ClassifyController,
+    GenerateController,
+    ExtractController,
+    ModelsController,
+    HealthController,
+]
+
+__all__ = ["CONTROLLERS"]

@@ -1,0 +1,18 @@
+"""The fields every inference response carries beside its results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.inference.results import Outcome
+
+from ..schemas.common import UsageOut
+
+
+def envelope(outcome: Outcome[Any]) -> dict[str, Any]:
+    return {
+        "model": outcome.model,
+        "model_version": outcome.model_version,
+        "cached": outcome.cached,
+        "usage": UsageOut.of(outcome.usage),
+    }

@@ -1,0 +1,107 @@
+"""GET /v1/models, GET /health/live, GET /health/ready."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Response, get
+from litestar.openapi.datastructures import ResponseSpec
+
+from service.inference import InferenceService
+from service.inference.batched import ModelPipeline
+
+from ..limits import RequestLimits
+from ..schemas.system import (
+    LiveResponse,
+    ModelOut,
+    ModelsResponse,
+    ReadyResponse,
+    RefusedOut,
+    RequestLimitsOut,
+)
+
+# Manifest keys that describe what a model can take, reported as its limits.
+_LIMIT_KEYS = ("max_sequence_length", "max_source_length", "max_target_length")
+
+
+def model_limits(manifest: dict[str, Any]) -> dict[str, Any]:
+    limits: dict[str, Any] = {k: manifest[k] for k in _LIMIT_KEYS if k in manifest}
+    if "qa" in manifest:
+        limits.update({f"qa_{k}": v for k, v in manifest["qa"].items()})
+    if "preprocessing" in manifest:
+        limits["image_size"] = manifest["preprocessing"].get("image_size")
+    return limits
+
+
+def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
+    m = pipeline.model
+    labels = m.manifest.get("labels")
+    return ModelOut(
+        name=m.name,
+        task=m.task,
+        version=m.version,
+        architecture=m.manifest.get("architecture"),
+        description=m.manifest.get("description"),
+        execution_provider=m.provider,
+        labels=[str(label) for label in labels] if labels else None,
+        limits=model_limits(m.manifest),
+        default_for=default_for,
+    )
+
+
+class ModelsController(Controller):
+    path = "/v1/models"
+    tags = ("models",)
+
+    @get(summary="Loaded models, refused folders and request limits")
+    async def models(self, inference: InferenceService, limits: RequestLimits) -> ModelsResponse:
+        registry = inference.registry
+        return ModelsResponse(
+            models=[describe(p, registry.default_for(p.name)) for p in registry.pipelines.values()],
+            refused=[RefusedOut(name=n, reason=r) for n, r in sorted(registry.refused.items())],
+            limits=RequestLimitsOut(
+                max_items=limits.max_items,
+                max_text_chars=limits.max_text_chars,
+                max_context_chars=limits.max_context_chars,
+                max_new_tokens=limits.max_new_tokens,
+                max_body_bytes=limits.max_body_bytes,
+                max_image_bytes=limits.max_image_bytes,
+                max_image_pixels=limits.max_image_pixels,
+            ),
+        )
+
+
+class HealthController(Controller):
+    path = "/health"
+    tags = ("health",)
+
+    @get("/live", summary="The process is up")
+    async def live(self) -> LiveResponse:
+        return LiveResponse()
+
+    @get(
+        "/ready",
+        summary="Models loaded and warmed up (200), else 503",
+        responses={
+            503: ResponseSpec(
+                data_container=ReadyResponse,
+                description="Not ready: starting, stopping, or no model loaded (same body)",
+                generate_examples=False,
+            )
+        },
+    )
+    async def ready(self, inference: InferenceService) -> Response[ReadyResponse]:
+        """200 once every loaded model is warmed up; 503 while starting or stopping, or with no model at all.
+
+        Refused folders do not make the service unready (the others serve); they are listed.
+        """
+        registry = inference.registry
+        status: str = inference.phase
+        if status == "ready" and not registry.pipelines:
+            status = "no_models"
+        body = ReadyResponse(
+            status=status,
+            models={name: "ready" if status == "ready" else status for name in registry.pipelines},
+            refused=dict(sorted(registry.refused.items())),
+        )
+        return Response(body, status_code=200 if status == "ready" else 503)

@@ -1,0 +1,58 @@
+"""POST /v1/translate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, post
+
+from service.inference import DecodingParams, InferenceService
+
+from ..disconnect import unless_disconnected
+from ..errors import INFERENCE_ERRORS
+from ..guards import require_json
+from ..limits import RequestLimits
+from ..schemas.translate import TranslateRequest, TranslateResponse, TranslationOut
+from .envelope import envelope
+
+
+class TranslateController(Controller):
+    path = "/v1/translate"
+    tags = ("translation",)
+
+    @post(
+        status_code=200,
+        guards=[require_json],
+        responses=INFERENCE_ERRORS,
+        summary="Translate English to German",
+    )
+    async def translate(
+        self,
+        request: Request[Any, Any, Any],
+        data: TranslateRequest,
+        inference: InferenceService,
+        limits: RequestLimits,
+    ) -> TranslateResponse:
+        """Greedy (beam_size 1) or beam search; a batch of texts is answered in order.
+
+        Requests are batched across clients; items with different decoding
+        parameters share a batch but decode in separate groups.
+        """
+        inputs = data.fields_and_texts()
+        limits.items(data.input_field, len(inputs))
+        limits.texts(inputs)
+        limits.new_tokens("max_new_tokens", data.max_new_tokens)
+        params = DecodingParams(
+            beam_size=data.beam_size,
+            max_new_tokens=data.max_new_tokens,
+            length_penalty=data.length_penalty,
+            num_return_sequences=data.num_return_sequences,
+        )
+        texts = [text for _, text in inputs]
+        outcome = await unless_disconnected(
+            request, inference.translate(texts, params, data.model, data.input_field)
+        )
+        results = [
+            TranslationOut.of(t, data.num_return_sequences, data.return_scores) for t in outcome.results
+        ]
+        return TranslateResponse(**envelope(outcome), results=results)

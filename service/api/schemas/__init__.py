@@ -1,0 +1,1 @@
+"""Request and response schemas (pydantic), one module per resource."""

@@ -1,0 +1,48 @@
+"""One pipeline per loaded model, configured from the settings."""
+
+from __future__ import annotations
+
+from service.engine.batcher import BatchPolicy
+from service.engine.repository import LoadedModel
+from service.settings import Settings
+
+from .batched import ModelPipeline
+from .classify import ImageClassifier, TextClassifier
+from .extract import EntityTagger, QuestionAnswerer
+from .generate import Generator
+from .translate import Translator
+
+
+def batch_policy(settings: Settings) -> BatchPolicy:
+    return BatchPolicy(
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_queue_delay_ms=settings.max_queue_delay_ms,
+        max_queue_size=settings.max_queue_size,
+        queue_timeout_s=settings.queue_timeout_s,
+    )
+
+
+def build_pipeline(model: LoadedModel, settings: Settings) -> ModelPipeline:
+    """The pipeline for the model's task (the repository loader has already refused unknown tasks)."""
+    policy = batch_policy(settings)
+    task = model.task
+    if task == "text-classification":
+        return TextClassifier(model, policy)
+    if task == "image-classification":
+        return ImageClassifier(model, policy, settings.max_image_pixels)
+    if task == "translation":
+        return Translator(model, policy, settings.max_new_tokens)
+    if task == "question-answering":
+        return QuestionAnswerer(model, policy)
+    if task == "token-classification":
+        return EntityTagger(model, policy)
+    if task == "text-generation":
+        return Generator(
+            model,
+            max_running=settings.max_running_sequences,
+            max_queue_size=settings.max_queue_size,
+            queue_timeout_s=settings.queue_timeout_s,
+            max_new_tokens=settings.max_new_tokens,
+        )
+    raise ValueError(f"no pipeline serves task {task!r}")

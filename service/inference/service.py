@@ -1,0 +1,127 @@
+"""What the HTTP layer calls: one method per endpoint, plus the lifecycle of every pipeline.
+
+Each method checks readiness, resolves the model (by name or the task's
+default) and runs its pipeline. This is also the seam for the response cache:
+a cache goes in front of these methods, keyed by the model version, the task
+and the normalised request, and answers with ``Outcome(cached=True)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from .batched import ModelPipeline
+from .classify import ImageClassifier, TextClassifier
+from .errors import NotReadyError
+from .extract import EntityTagger, QuestionAnswerer
+from .generate import GenerateParams, Generator, OpenStream
+from .registry import ModelRegistry
+from .results import Answer, Classification, Entities, Generation, Outcome, Translation
+from .translate import DecodingParams, Translator
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["starting", "ready", "stopping", "stopped"]
+
+
+class InferenceService:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self.phase: Phase = "starting"
+        self._started: list[ModelPipeline] = []
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, warmup: bool) -> None:
+        """Start every pipeline's engine, warm each up, and only then report ready.
+
+        A model whose warm-up fails is stopped and refused (one log line), like a
+        broken folder: the other models serve.
+        """
+        for pipeline in list(self.registry.pipelines.values()):
+            await pipeline.start()
+            self._started.append(pipeline)
+            if not warmup:
+                continue
+            began = time.perf_counter()
+            try:
+                await pipeline.warmup()
+            except Exception as exc:
+                log.error("refusing model %s: warm-up failed: %r", pipeline.name, exc)
+                await pipeline.stop(timeout_s=1.0)
+                self._started.remove(pipeline)
+                self.registry.refuse(pipeline.name, f"warm-up failed: {exc!r}")
+                continue
+            log.info("warmed up %s in %.2fs", pipeline.name, time.perf_counter() - began)
+        self.phase = "ready"
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, let each engine finish its work within ``timeout_s``; reverse start order."""
+        self.phase = "stopping"
+        for pipeline in reversed(self._started):
+            try:
+                await pipeline.stop(timeout_s)
+            except Exception:  # one engine failing to stop must not keep the others running
+                log.exception("stopping %s failed", pipeline.name)
+        self._started.clear()
+        self.phase = "stopped"
+
+    def check_ready(self) -> None:
+        if self.phase != "ready":
+            raise NotReadyError(self.phase)
+
+    # --- one method per endpoint ----------------------------------------------------------
+
+    async def translate(
+        self, texts: Sequence[str], params: DecodingParams, model: str | None, input_field: str
+    ) -> Outcome[Translation]:
+        self.check_ready()
+        return await self.registry.resolve(Translator, model, input_field).translate(texts, params)
+
+    async def classify_texts(
+        self, texts: Sequence[str], top_k: int, model: str | None, input_field: str
+    ) -> Outcome[Classification]:
+        self.check_ready()
+        return await self.registry.resolve(TextClassifier, model, input_field).classify(texts, top_k)
+
+    async def classify_images(
+        self, images: Sequence[bytes], top_k: int, model: str | None, input_field: str, fields: Sequence[str]
+    ) -> Outcome[Classification]:
+        """``fields`` names each image's own field (``images[2]``), for decode errors."""
+        self.check_ready()
+        pipeline = self.registry.resolve(ImageClassifier, model, input_field)
+        return await pipeline.classify(images, top_k, fields)
+
+    async def answer(
+        self, pairs: Sequence[tuple[str, str]], model: str | None, input_field: str
+    ) -> Outcome[Answer]:
+        self.check_ready()
+        return await self.registry.resolve(QuestionAnswerer, model, input_field).answer(pairs)
+
+    async def entities(self, texts: Sequence[str], model: str | None, input_field: str) -> Outcome[Entities]:
+        self.check_ready()
+        return await self.registry.resolve(EntityTagger, model, input_field).tag(texts)
+
+    async def generate(
+        self,
+        prompts: Sequence[str],
+        params: GenerateParams,
+        model: str | None,
+        input_field: str,
+        fields: Sequence[str],
+        request_id: str = "",
+    ) -> Outcome[Generation]:
+        self.check_ready()
+        pipeline = self.registry.resolve(Generator, model, input_field)
+        return await pipeline.generate(prompts, params, fields, request_id)
+
+    async def open_stream(
+        self, prompt: str, params: GenerateParams, model: str | None, field: str, request_id: str = ""
+    ) -> tuple[Generator, OpenStream]:
+        """Streaming is never cached: it hands back the live sequence and the pipeline it runs in."""
+        self.check_ready()
+        pipeline = self.registry.resolve(Generator, model, field)
+        return pipeline, await pipeline.open_stream(prompt, params, field, request_id)
