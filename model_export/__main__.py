@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         results = _evaluate(
             Path(args.out), [c.name for c in built], built[0].data_dir, "validation", limits, beam
         )
-        _write_json(str(Path(args.out) / "evaluation.json"), results)
+        summary = Path(args.out) / "evaluation.json"
+        previous = json.loads(summary.read_text()) if summary.is_file() else {}
+        _write_json(str(summary), {**previous, **results})  # a partial rebuild keeps the others' figures
     log.info("%s finished in %.1f minutes", args.command, (time.perf_counter() - start) / 60)
     return 0
 

@@ -224,6 +224,9 @@ def _train_head(
 ) -> TrainResult:
     s = ctx.settings
     set_dropout(model, s["dropout"])
+    # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
+    # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
+    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
     spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
     result = train(
         model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"
