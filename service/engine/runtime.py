@@ -53,14 +53,27 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
 _cuda_usable: bool | None = None  # learnt from the first session that tries CUDA
 
 
+def _preload_cuda_libraries() -> None:
+    """Load CUDA/cuDNN from the nvidia-* pip packages when they are installed (ONNX Runtime's own helper)."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as exc:  # missing packages: the session falls back to CPU and says so
+            log.debug("onnxruntime.preload_dlls() failed: %s", exc)
+
+
 def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
     global _cuda_usable
     want_cuda = options.device in ("auto", "cuda") and CUDA in ort.get_available_providers()
     if options.device == "auto" and _cuda_usable is False:
         want_cuda = False  # already known to fall back: skip the noisy probe for every further session
-    providers: list[Any] = [(CUDA, {"device_id": options.cuda_device_id}), CPU] if want_cuda else [CPU]
+    # use_tf32=0: the graphs are exported and parity-checked in fp32; TF32 matmuls would drift from that.
+    cuda_options = {"device_id": options.cuda_device_id, "use_tf32": 0}
+    providers: list[Any] = [(CUDA, cuda_options), CPU] if want_cuda else [CPU]
     if want_cuda and _cuda_usable is None:
         ort.set_default_logger_severity(4)  # the failed CUDA library load is expected on CPU machines
+        _preload_cuda_libraries()
     try:
         session = ort.InferenceSession(str(path), sess_options=_session_options(options), providers=providers)
     finally:
