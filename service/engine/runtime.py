@@ -9,6 +9,7 @@ CUDA).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -57,10 +58,12 @@ def _preload_cuda_libraries() -> None:
     """Load CUDA/cuDNN from the nvidia-* pip packages when they are installed (ONNX Runtime's own helper)."""
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
-        try:
-            preload()
-        except Exception as exc:  # missing packages: the session falls back to CPU and says so
-            log.debug("onnxruntime.preload_dlls() failed: %s", exc)
+        # It prints a line per library it cannot find: expected on CPU machines, so kept out of the logs.
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            try:
+                preload(msvc=False)
+            except Exception as exc:  # missing packages: the session falls back to CPU and says so
+                log.debug("onnxruntime.preload_dlls() failed: %s", exc)
 
 
 def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
