@@ -70,7 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--init-from", help="Hugging Face BERT checkpoint directory for the BERT encoder")
         p.add_argument("--budget", help="training seconds per model, e.g. translator=600,gpt=120")
         p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every training budget")
-        p.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda (budgets are calibrated for CPU)")
+        p.add_argument(
+            "--device",
+            default="cpu",
+            help="torch device for training, e.g. cuda (budgets are calibrated for CPU)",
+        )
     e = sub.add_parser("evaluate")
     e.add_argument(
         "--models", default=os.environ.get("MODEL_REPOSITORY", "models"), help="model repository directory"

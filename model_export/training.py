@@ -101,7 +101,14 @@ def train(
     start = time.perf_counter()
     # The bar counts progress in thousandths of whichever limit binds first (steps or time budget),
     # so its ETA is the real time left.
-    bar = tqdm(total=1000, desc=desc, unit="‰", dynamic_ncols=True, mininterval=2.0, bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]")
+    bar = tqdm(
+        total=1000,
+        desc=desc,
+        unit="‰",
+        dynamic_ncols=True,
+        mininterval=2.0,
+        bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]",
+    )
     ema = None
     while step < spec.max_steps:
         elapsed = time.perf_counter() - start
@@ -111,7 +118,9 @@ def train(
         progress = max(step / spec.max_steps, elapsed / spec.time_budget_s)
         # Warmup ends after warmup_steps or 5% of the time budget, whichever comes first: on a slow
         # machine a time-limited run may only make a few hundred steps in all.
-        lr = spec.lr * min(1.0, max((step + 1) / max(1, spec.warmup_steps), elapsed / (0.05 * spec.time_budget_s)))
+        lr = spec.lr * min(
+            1.0, max((step + 1) / max(1, spec.warmup_steps), elapsed / (0.05 * spec.time_budget_s))
+        )
         lr *= spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -131,7 +140,13 @@ def train(
         ema = value if ema is None else 0.98 * ema + 0.02 * value
         elapsed = time.perf_counter() - start
         done = int(1000 * min(1.0, max(step / spec.max_steps, elapsed / spec.time_budget_s)))
-        bar.set_postfix(step=step, loss=f"{ema:.3f}", lr=f"{lr:.1e}", **{f"{unit}/s": f"{units / elapsed:.0f}"}, refresh=False)
+        bar.set_postfix(
+            step=step,
+            loss=f"{ema:.3f}",
+            lr=f"{lr:.1e}",
+            **{f"{unit}/s": f"{units / elapsed:.0f}"},
+            refresh=False,
+        )
         bar.update(done - bar.n)
     bar.close()
     seconds = time.perf_counter() - start

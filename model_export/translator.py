@@ -111,7 +111,9 @@ class Translator(nn.Module):
         """Teacher forcing: logits (B, T, V) for every target position at once."""
         return self.generator(self.decoder_states(src_ids, src_mask, tgt_ids))
 
-    def decoder_states(self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
+    def decoder_states(
+        self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor
+    ) -> torch.Tensor:
         """Teacher forcing up to the final norm: (B, T, D). Training projects only the real positions to the vocabulary."""
         memory = self.encode(src_ids, src_mask)
         b, t = tgt_ids.shape

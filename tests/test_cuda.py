@@ -38,7 +38,10 @@ def _feeds(model: LoadedModel) -> dict[str, np.ndarray]:
         images = np.random.default_rng(0).integers(0, 256, (3, 28, 28), dtype=np.uint8)
         return {"pixel_values": to_pixel_values(images, model.manifest["preprocessing"])}
     assert model.tokenizer is not None
-    rows = [model.tokenizer.encode(t).ids for t in ("A man rides a horse.", "Peter lives in Berlin", "to be or not")]
+    rows = [
+        model.tokenizer.encode(t).ids
+        for t in ("A man rides a horse.", "Peter lives in Berlin", "to be or not")
+    ]
     if model.task == "text-generation":
         kv = model.manifest["kv_cache"]
         feeds = pad_batch(rows, 0)
@@ -46,7 +49,9 @@ def _feeds(model: LoadedModel) -> dict[str, np.ndarray]:
         feeds["position_ids"] = np.clip(np.cumsum(feeds["attention_mask"], 1) - 1, 0, None)
         for i in range(kv["num_layers"]):
             for k in ("key", "value"):
-                feeds[kv[f"past_{k}"].format(i=i)] = np.zeros((3, kv["num_heads"], 0, kv["head_dim"]), np.float32)
+                feeds[kv[f"past_{k}"].format(i=i)] = np.zeros(
+                    (3, kv["num_heads"], 0, kv["head_dim"]), np.float32
+                )
         return feeds
     return pad_batch(rows, model.manifest["special_tokens"]["pad"])
 
@@ -67,8 +72,12 @@ def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel]
     cpu = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
     assert gpu.tokenizer is not None
     sources = [[*gpu.tokenizer.encode(t).ids, 2] for t in ("A dog runs.", "Two men play chess in a park.")]
-    on_gpu = Seq2SeqModel(gpu.graphs["encoder"], gpu.graphs["decoder"], gpu.manifest).beam_search(sources, 3, 10)
-    on_cpu = Seq2SeqModel(cpu.graphs["encoder"], cpu.graphs["decoder"], cpu.manifest).beam_search(sources, 3, 10)
+    on_gpu = Seq2SeqModel(gpu.graphs["encoder"], gpu.graphs["decoder"], gpu.manifest).beam_search(
+        sources, 3, 10
+    )
+    on_cpu = Seq2SeqModel(cpu.graphs["encoder"], cpu.graphs["decoder"], cpu.manifest).beam_search(
+        sources, 3, 10
+    )
     assert [r[0].tokens for r in on_gpu] == [r[0].tokens for r in on_cpu]
     np.testing.assert_allclose([r[0].score for r in on_gpu], [r[0].score for r in on_cpu], atol=1e-3)
 
@@ -76,13 +85,25 @@ def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel]
 def test_service_serves_on_cuda(cuda_models: dict[str, LoadedModel], tiny_models: Path) -> None:
     from test_api import LiveServer  # tests/ is on sys.path under pytest
 
-    with LiveServer(Settings(MODEL_REPOSITORY=tiny_models, DEVICE="cuda")) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+    with (
+        LiveServer(Settings(MODEL_REPOSITORY=tiny_models, DEVICE="cuda")) as server,
+        httpx.Client(base_url=server.url, timeout=120) as client,
+    ):
         models = client.get("/v1/models").json()
         providers = {m["name"]: m["execution_provider"] for m in models["models"]}
         assert set(providers.values()) == {CUDA}, providers
-        generated = client.post("/v1/generate", json={"prompt": "KING:", "max_new_tokens": 12, "temperature": 0}).json()
+        generated = client.post(
+            "/v1/generate", json={"prompt": "KING:", "max_new_tokens": 12, "temperature": 0}
+        ).json()
         assert generated["results"][0]["finish_reason"] in ("length", "eos", "stop")
-        streamed = client.post("/v1/generate", json={"prompt": "KING:", "max_new_tokens": 12, "temperature": 0, "stream": True})
+        streamed = client.post(
+            "/v1/generate", json={"prompt": "KING:", "max_new_tokens": 12, "temperature": 0, "stream": True}
+        )
         assert streamed.status_code == 200 and "event: done" in streamed.text
         assert client.post("/v1/translate", json={"text": "A dog runs.", "beam_size": 2}).status_code == 200
-        assert client.post("/v1/extract", json={"task": "entities", "text": "Peter lives in Berlin."}).status_code == 200
+        assert (
+            client.post(
+                "/v1/extract", json={"task": "entities", "text": "Peter lives in Berlin."}
+            ).status_code
+            == 200
+        )

@@ -137,5 +137,7 @@ def test_translator_teacher_forcing_matches_the_exported_decode_path(translator:
     src_mask = torch.ones_like(src)
     memory = translator.encode(src, src_mask)
     positions = torch.arange(5).expand(2, 5)
-    decoded, _ = translator.decode(tgt, torch.ones_like(tgt), positions, src_mask, translator.cross_kv(memory))
+    decoded, _ = translator.decode(
+        tgt, torch.ones_like(tgt), positions, src_mask, translator.cross_kv(memory)
+    )
     assert torch.allclose(translator(src, src_mask, tgt), decoded, atol=ATOL)

@@ -138,7 +138,13 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), ids.numel()
 
-    spec = TrainSpec(s["pretrain_steps"], float(s["pretrain_budget_s"]), s["pretrain_lr"], warmup_steps=200, device=ctx.device)
+    spec = TrainSpec(
+        s["pretrain_steps"],
+        float(s["pretrain_budget_s"]),
+        s["pretrain_lr"],
+        warmup_steps=200,
+        device=ctx.device,
+    )
     result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
     origin = {
         "init_from": None,
@@ -227,7 +233,9 @@ def _train_head(
     # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
     # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
     model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
+    spec = TrainSpec(
+        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device
+    )
     result = train(
         model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"
     )

@@ -85,7 +85,9 @@ def train_model(ctx: BuildContext) -> Trained:
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         return loss, batch.size(0), batch[:, 1:].numel()
 
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.1, device=ctx.device)
+    spec = TrainSpec(
+        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.1, device=ctx.device
+    )
     result = train(model, batches(), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png")
     eos_id = tokenizer.token_to_id(EOS)
     manifest = {

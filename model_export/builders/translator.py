@@ -112,7 +112,9 @@ def train_model(ctx: BuildContext) -> Trained:
         loss = F.cross_entropy(logits, tgt_out[real], label_smoothing=s["label_smoothing"])
         return loss, len(src), int((tgt_out != PAD).sum())
 
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
+    spec = TrainSpec(
+        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device
+    )
     batches = infinite(lambda e: token_batches(pairs, s["batch_tokens"], ctx.seed + e))
     result = train(
         model, batches, loss_fn, spec, ctx.name, "target_tokens", ctx.work_dir / "training_curve.png"

@@ -56,7 +56,9 @@ def train_model(ctx: BuildContext) -> Trained:
         x, y = batch
         return F.cross_entropy(m(x), y, label_smoothing=0.1), len(y), len(y)
 
-    spec = TrainSpec(s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.05, device=ctx.device)
+    spec = TrainSpec(
+        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.05, device=ctx.device
+    )
     result = train(
         model, infinite(epoch), loss_fn, spec, ctx.name, "images", ctx.work_dir / "training_curve.png"
     )

@@ -59,7 +59,11 @@ def _preload_cuda_libraries() -> None:
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
         # It prints a line per library it cannot find: expected on CPU machines, so kept out of the logs.
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with (
+            open(os.devnull, "w") as sink,
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
             try:
                 preload(msvc=False)
             except Exception as exc:  # missing packages: the session falls back to CPU and says so
