@@ -1,0 +1,120 @@
+"""(b) Served text-classification throughput with dynamic batching (MAX_BATCH_SIZE=32) vs MAX_BATCH_SIZE=1.
+
+Two real servers (``python -m service`` on a free loopback port, only the text classifier loaded),
+one after the other, each driven by closed-loop asyncio + httpx clients at 1/8/32/64 concurrent
+clients for a fixed duration per point. Each request classifies one SST-2 validation sentence and
+sends ``Cache-Control: no-cache`` so that a response cache never answers. Client and server share
+the machine's cores: the table gives the CPU each side used (cores busy over the window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/batching.py` anywhere
+
+from benchmarks.common import (
+    NO_CACHE,
+    Check,
+    HTTPConnection,
+    LoadPoint,
+    Options,
+    RequestFn,
+    Result,
+    Server,
+    closed_loop,
+    cores_used,
+    find_model,
+    main,
+    ratio,
+    run_async,
+    sentiment_texts,
+    subset_repository,
+)
+
+NAME = "batching"
+TITLE = "(b) Dynamic batching: served classify throughput, MAX_BATCH_SIZE=32 vs 1"
+CONCURRENCY = (1, 8, 32, 64)
+BATCH_SIZES = (32, 1)
+TARGET_32 = 4.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds per point (default 6, quick 0.5)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=None, help=f"clients per point (default {CONCURRENCY})"
+    )
+
+
+def classify_request(texts: list[str]) -> RequestFn:
+    async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
+        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, NO_CACHE)
+        return response.status, {}
+
+    return request
+
+
+def measure(
+    server: Server, texts: list[str], concurrency: list[int], duration: float, warmup: float
+) -> dict[int, LoadPoint]:
+    request = classify_request(texts)
+    return {
+        c: run_async(closed_loop(server, c, request, duration_s=duration, warmup_s=warmup))
+        for c in concurrency
+    }
+
+
+def run(opts: Options) -> Result:
+    folder = find_model(opts.models, "text-classification")
+    concurrency = opts.extra.get("concurrency") or ([1, 32] if opts.quick else list(CONCURRENCY))
+    if 32 not in concurrency:
+        concurrency = sorted({*concurrency, 32})
+    duration = opts.extra.get("duration") or (0.5 if opts.quick else 6.0)
+    warmup = 0.2 if opts.quick else 1.0
+    texts = sentiment_texts()
+    points: dict[int, dict[int, LoadPoint]] = {}
+    provider = "unknown"
+    with subset_repository([folder]) as repo:
+        for batch in BATCH_SIZES:
+            with Server(repo, opts, env={"MAX_BATCH_SIZE": str(batch)}) as server:
+                provider = server.providers()
+                points[batch] = measure(server, texts, concurrency, duration, warmup)
+
+    rows = [
+        "| clients | batch 32: req/s | p50 ms | p95 ms | batch 1: req/s | p50 ms | p95 ms | speedup | "
+        "server cores (32 / 1) | client cores (32 / 1) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    metrics: dict[str, object] = {"model": folder.name, "duration_s": duration, "texts": len(texts)}
+    for c in concurrency:
+        b, one = points[32][c], points[1][c]
+        speedup = ratio(b.rps, one.rps)
+        metrics[f"batching_speedup_{c}"] = speedup
+        metrics[f"rps_batch32_c{c}"] = b.rps
+        metrics[f"rps_batch1_c{c}"] = one.rps
+        metrics[f"errors_c{c}"] = b.errors + one.errors
+        rows.append(
+            f"| {c} | {b.rps:.1f} | {b.p(50) * 1e3:.1f} | {b.p(95) * 1e3:.1f} | {one.rps:.1f} | "
+            f"{one.p(50) * 1e3:.1f} | {one.p(95) * 1e3:.1f} | {speedup:.2f}x | "
+            f"{cores_used(b.server_cpu_s, b.seconds)} / {cores_used(one.server_cpu_s, one.seconds)} | "
+            f"{cores_used(b.client_cpu_s, b.seconds)} / {cores_used(one.client_cpu_s, one.seconds)} |"
+        )
+    errors = sum(p.errors for by_c in points.values() for p in by_c.values())
+    details = [
+        *rows,
+        "",
+        f"Model `{folder.name}`, one SST-2 validation sentence per request ({len(texts)} in rotation), "
+        f"`Cache-Control: no-cache`; {duration:g} s per point after {warmup:g} s of warm-up; closed loop "
+        f"(asyncio + uvloop, a minimal keep-alive HTTP/1.1 client, one connection per client). Non-200 answers: {errors}. Server and client share the machine: "
+        "'cores' is CPU time over wall time of each process during the point.",
+    ]
+    checks = [Check("Batching speedup, 32 clients", float(metrics["batching_speedup_32"]), TARGET_32)]  # type: ignore[arg-type]
+    return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.modules[__name__]))

@@ -1,0 +1,173 @@
+"""(a) GPT decoding with the KV cache vs recomputing the whole prefix at every step.
+
+In process, on the service's own ``DecoderGraph``: with the cache, one prefill of the prompt and
+then one single-token step per new token; without it, the same graph with an empty past over the
+whole sequence (prompt + tokens so far) at every step. Both decode greedily and must pick the same
+tokens. One run of the longest N gives every N (the first N steps), timed per step; the per-token
+latency against position is plotted for both. N is clipped to what ``max_sequence_length`` leaves
+after the prompt (the default GPT holds 256 positions, so N = 256 and 512 become 255).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/kv_cache.py` anywhere
+
+import numpy as np
+
+from benchmarks.common import Check, Options, Result, display_path, find_model, main, median, ratio
+from service.engine.generation import DecoderGraph
+from service.engine.repository import load_model
+from service.engine.runtime import RuntimeOptions
+
+NAME = "kv_cache"
+TITLE = "(a) KV cache: decoding N new tokens with the cache vs recomputing the prefix"
+SIZES = (32, 128, 256, 512)
+TARGET_256 = 10.0
+PROMPT = "ROMEO:"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per mode (default 3, quick 1)")
+    parser.add_argument("--prompt", default=PROMPT, help="its first token is the prompt (1 token)")
+
+
+def decode_cached(graph: DecoderGraph, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy: prefill the prompt (gives token 1), then n - 1 single-token steps; seconds per token."""
+    times, tokens = [], []
+    t0 = time.perf_counter()
+    logits, cache = graph.prefill([prompt])  # (1, V)
+    token = int(np.argmax(logits[0]))
+    times.append(time.perf_counter() - t0)
+    tokens.append(token)
+    for _ in range(n - 1):
+        t0 = time.perf_counter()
+        logits, cache = graph.decode(np.array([token], dtype=np.int64), cache)
+        token = int(np.argmax(logits[0]))
+        times.append(time.perf_counter() - t0)
+        tokens.append(token)
+    return tokens, times
+
+
+def decode_recomputed(graph: DecoderGraph, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy without a cache: the whole sequence through the graph with an empty past, every step."""
+    times, tokens = [], []
+    sequence = list(prompt)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        logits, _ = graph.prefill([sequence])  # (1, V); the cache is discarded
+        token = int(np.argmax(logits[0]))
+        times.append(time.perf_counter() - t0)
+        tokens.append(token)
+        sequence.append(token)
+    return tokens, times
+
+
+def per_step_median(runs: list[list[float]]) -> list[float]:
+    return [median(step) for step in zip(*runs, strict=True)]
+
+
+def plot(path: Path, start: int, cached: list[float], recomputed: list[float], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = np.arange(start, start + len(cached))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    ax.plot(positions, np.array(recomputed) * 1e3, label="no cache: recompute the prefix", color="tab:red")
+    ax.plot(positions, np.array(cached) * 1e3, label="KV cache: one new token", color="tab:blue")
+    ax.set_yscale("log")
+    ax.set_xlabel("position of the generated token")
+    ax.set_ylabel("latency per token (ms, log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(opts: Options) -> Result:
+    folder = find_model(opts.models, "text-generation")
+    model = load_model(folder, RuntimeOptions(device=opts.device, intra_op_threads=opts.threads))  # type: ignore[arg-type]  # checked by argparse
+    graph = DecoderGraph(model.graphs["model"], model.manifest)
+    assert model.tokenizer is not None
+    prompt = model.tokenizer.encode(opts.extra.get("prompt") or PROMPT).ids[:1]
+    max_context = int(model.manifest["max_sequence_length"])
+    longest = max_context - len(prompt)
+    sizes = {n: min(n, longest) for n in SIZES}
+    n_max = max(sizes.values())
+    repeats = opts.extra.get("repeats") or (1 if opts.quick else 3)
+
+    decode_cached(graph, prompt, min(8, n_max))  # warm-up: first runs pay for allocations
+    decode_recomputed(graph, prompt, min(8, n_max))
+    cached_runs, recomputed_runs = [], []
+    cached_tokens: list[int] = []
+    recomputed_tokens: list[int] = []
+    for _ in range(repeats):  # interleaved, so drift on a shared machine hits both modes alike
+        cached_tokens, times = decode_cached(graph, prompt, n_max)
+        cached_runs.append(times)
+        recomputed_tokens, times = decode_recomputed(graph, prompt, n_max)
+        recomputed_runs.append(times)
+    cached = per_step_median(cached_runs)
+    recomputed = per_step_median(recomputed_runs)
+    same = cached_tokens == recomputed_tokens
+    first_diff = next(
+        (i for i, (a, b) in enumerate(zip(cached_tokens, recomputed_tokens, strict=True)) if a != b), None
+    )
+
+    metrics: dict[str, object] = {
+        "max_sequence_length": max_context,
+        "prompt_tokens": len(prompt),
+        "repeats": repeats,
+        "same_tokens": same,
+        "provider": model.provider,
+    }
+    rows = [
+        "| N asked | N decoded | with cache (ms) | ms/token | no cache (ms) | ms/token | speedup |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for asked, n in sizes.items():
+        c, r = sum(cached[:n]), sum(recomputed[:n])
+        speedup = ratio(r, c)
+        metrics[f"kv_cache_speedup_{asked}"] = speedup
+        metrics[f"kv_cache_n_{asked}"] = n
+        metrics[f"kv_cache_ms_cached_{asked}"] = c * 1e3
+        metrics[f"kv_cache_ms_recomputed_{asked}"] = r * 1e3
+        clipped = " (clipped)" if n < asked else ""
+        rows.append(
+            f"| {asked} | {n}{clipped} | {c * 1e3:.1f} | {c / n * 1e3:.2f} | {r * 1e3:.1f} | "
+            f"{r / n * 1e3:.2f} | {speedup:.1f}x |"
+        )
+    plot_path = opts.out_dir / "kv_cache_latency.png"
+    plot(
+        plot_path,
+        len(prompt),
+        cached,
+        recomputed,
+        f"{folder.name}: greedy decoding, {model.provider}, {opts.threads or 'all'} intra-op thread(s)",
+    )
+    metrics["plot"] = str(plot_path)
+    details = [
+        *rows,
+        "",
+        f"Model `{folder.name}` (max_sequence_length {max_context}), a {len(prompt)}-token prompt, greedy; "
+        f"N is clipped to {longest} (= max_sequence_length - prompt). Median per step over {repeats} "
+        f"interleaved run(s). Cached and recomputed decoding chose "
+        + ("the same tokens." if same else f"different tokens from position {first_diff} (float rounding)."),
+        f"Per-token latency against position: `{display_path(plot_path)}`.",
+    ]
+    n256 = sizes[256]
+    label = f"KV cache speedup, N=256{f' (clipped to {n256})' if n256 < 256 else ''}"
+    checks = [Check(label, float(metrics["kv_cache_speedup_256"]), TARGET_256)]  # type: ignore[arg-type]
+    return Result(NAME, TITLE, metrics, checks, details, {"provider": model.provider})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.modules[__name__]))

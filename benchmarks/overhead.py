@@ -1,0 +1,174 @@
+"""(c) Served throughput vs raw in-process ONNX Runtime on the same batches: the service's overhead.
+
+Served: the real service (``serve_probe.py``: ``python -m service`` plus a log of every batch the
+classifier runs) at MAX_BATCH_SIZE=32, driven by 64 closed-loop clients sending one SST-2 sentence
+each (``Cache-Control: no-cache``), so that a full batch is always waiting while one computes.
+Raw: the batches that server formed, replayed in process with the same texts, the same ONNX Runtime
+settings and nothing else: tokenise (batch encode + truncation), pad, ``session.run``, softmax.
+served/raw < 1 is what HTTP, JSON, the queue and the event loop cost on top of the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/overhead.py` anywhere
+
+from benchmarks.common import (
+    BENCH_DIR,
+    NO_CACHE,
+    PYTHON,
+    Check,
+    HTTPConnection,
+    Options,
+    RequestFn,
+    Result,
+    Server,
+    closed_loop,
+    cores_used,
+    find_model,
+    main,
+    median,
+    ratio,
+    run_async,
+    sentiment_texts,
+    subset_repository,
+)
+from service.engine.repository import LoadedModel, load_model
+from service.engine.runtime import RuntimeOptions
+from service.engine.sampling import softmax
+from service.inference.encoding import feeds_for
+from service.tasks.text import pad_batch, truncate
+
+NAME = "overhead"
+TITLE = "(c) Service overhead: served classify throughput vs raw ONNX Runtime on the same batches"
+TARGET = 0.85
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=None, help="served seconds (default 8, quick 0.5)")
+    parser.add_argument("--concurrency", type=int, default=64, help="clients (default 64)")
+    parser.add_argument("--passes", type=int, default=None, help="raw replays (default 3, quick 1)")
+
+
+def classify_request(texts: list[str]) -> RequestFn:
+    async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
+        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, NO_CACHE)
+        return response.status, {}
+
+    return request
+
+
+class RawClassifier:
+    """What the service does per batch, without the service: encode, truncate, pad, run, softmax."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        assert model.tokenizer is not None
+        self.tokenizer = model.tokenizer
+        self.graph = model.graphs["model"]
+        self.max_len = int(model.manifest["max_sequence_length"])
+        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        return [truncate(e.ids, self.max_len) for e in self.tokenizer.encode_batch(texts)]
+
+    def run(self, texts: list[str]) -> float:
+        """Seconds for one batch, tokenisation included."""
+        t0 = time.perf_counter()
+        feeds = feeds_for(self.graph, pad_batch(self.ids(texts), self.pad_id))
+        softmax(self.graph.session.run(None, feeds)[0])
+        return time.perf_counter() - t0
+
+    def run_ids(self, ids: list[list[int]]) -> float:
+        """Seconds for one batch, model only (pad + run + softmax)."""
+        t0 = time.perf_counter()
+        feeds = feeds_for(self.graph, pad_batch(ids, self.pad_id))
+        softmax(self.graph.session.run(None, feeds)[0])
+        return time.perf_counter() - t0
+
+
+def run(opts: Options) -> Result:
+    folder = find_model(opts.models, "text-classification")
+    duration = opts.extra.get("duration") or (0.5 if opts.quick else 8.0)
+    concurrency = opts.extra.get("concurrency") or 64
+    passes = opts.extra.get("passes") or (1 if opts.quick else 3)
+    texts = sentiment_texts()
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        batch_log = Path(tmp) / "batches.jsonl"
+        with subset_repository([folder]) as repo:
+            server = Server(
+                repo,
+                opts,
+                env={"MAX_BATCH_SIZE": "32", "BENCH_BATCH_LOG": str(batch_log)},
+                command=[PYTHON, str(BENCH_DIR / "serve_probe.py")],
+            )
+            with server:
+                provider = server.providers()
+                served = run_async(
+                    closed_loop(
+                        server,
+                        concurrency,
+                        classify_request(texts),
+                        duration_s=duration,
+                        warmup_s=0.2 if opts.quick else 1.0,
+                    )
+                )
+        batches = [json.loads(line) for line in batch_log.read_text().splitlines() if line.strip()]
+
+    # The raw side runs after the server has stopped: the model has the machine to itself, as it had
+    # the server's share of it. Same ONNX Runtime options as the server.
+    model = load_model(folder, RuntimeOptions(device=opts.device, intra_op_threads=opts.threads))  # type: ignore[arg-type]
+    raw = RawClassifier(model)
+    by_ids = {tuple(ids): text for text, ids in zip(texts, raw.ids(texts), strict=True)}
+    replay = [
+        [by_ids[tuple(ids)] for ids in batch] for batch in batches if all(tuple(i) in by_ids for i in batch)
+    ]
+    replay_ids = [raw.ids(b) for b in replay]
+    items = sum(map(len, replay))
+    for batch in replay[:3]:  # warm-up
+        raw.run(batch)
+    raw_rps, model_rps = [], []
+    for _ in range(passes):
+        raw_rps.append(items / sum(raw.run(b) for b in replay))
+        model_rps.append(items / sum(raw.run_ids(b) for b in replay_ids))
+    raw_best = median(raw_rps)
+    served_over_raw = ratio(served.rps, raw_best)
+    sizes = [len(b) for b in replay]
+    metrics: dict[str, object] = {
+        "served_over_raw": served_over_raw,
+        "served_rps": served.rps,
+        "raw_rps": raw_best,
+        "raw_model_only_rps": median(model_rps),
+        "mean_batch_size": ratio(sum(sizes), len(sizes)),
+        "batches_replayed": len(replay),
+        "served_errors": served.errors,
+        "server_cores": served.server_cpu_s / served.seconds if served.seconds else float("nan"),
+    }
+    hist = {s: sizes.count(s) for s in sorted(set(sizes))}
+    top = ", ".join(f"{s}: {n}" for s, n in sorted(hist.items(), key=lambda kv: -kv[1])[:6])
+    details = [
+        "| path | texts/s | relative to raw |",
+        "|---|---|---|",
+        f"| served over HTTP ({concurrency} clients, MAX_BATCH_SIZE=32) | {served.rps:.1f} | {served_over_raw:.2f} |",
+        f"| raw: tokenise + pad + session.run + softmax, same batches | {raw_best:.1f} | 1.00 |",
+        f"| raw model only: pad + session.run + softmax | {median(model_rps):.1f} | "
+        f"{ratio(median(model_rps), raw_best):.2f} |",
+        "",
+        f"Model `{folder.name}`; the server formed {len(replay)} model calls (sub-batches after the length "
+        f"split), mean size {metrics['mean_batch_size']:.1f} (most frequent sizes: {top}); the raw side "
+        f"replays exactly those batches with the same texts, {passes} pass(es), median. Served: "
+        f"{duration:g} s window, p50 {served.p(50) * 1e3:.1f} ms, p95 {served.p(95) * 1e3:.1f} ms, "
+        f"{served.errors} non-200; server process busy {cores_used(served.server_cpu_s, served.seconds)} "
+        f"cores, client {cores_used(served.client_cpu_s, served.seconds)} cores.",
+    ]
+    checks = [Check("Served / raw ONNX Runtime throughput", served_over_raw, TARGET)]
+    return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.modules[__name__]))

@@ -1,0 +1,119 @@
+"""Every benchmark, one after the other, within about 15 minutes on a 2-core machine.
+
+    python benchmarks/run_all.py --json benchmarks/latest.json [--models DIR] [--quick] [--only NAME ...]
+
+Prints each ratio with its target and PASS/MISS, appends one dated section to benchmarks/RESULTS.md
+and writes the headline figures under fixed keys (HEADLINE) to the JSON file, with each benchmark's
+full figures under "details". A benchmark that fails is reported and the others still run; the exit
+status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/run_all.py` anywhere
+
+from benchmarks import batching, cold_start, continuous_batching, kv_cache, overhead, response_cache
+from benchmarks.common import (
+    Result,
+    append_results,
+    base_parser,
+    describe_options,
+    fail_without_repository,
+    machine_info,
+    options_from,
+    print_result,
+    timed_run,
+    write_json,
+)
+
+MODULES: list[ModuleType] = [kv_cache, batching, overhead, continuous_batching, response_cache, cold_start]
+
+# The JSON keys every run writes, and the benchmark each comes from.
+HEADLINE = {
+    "kv_cache_speedup_256": "kv_cache",
+    "batching_speedup_32": "batching",
+    "served_over_raw": "overhead",
+    "continuous_batching_speedup_16": "continuous_batching",
+    "cache_hit_speedup_generate": "response_cache",
+    "cold_start_seconds": "cold_start",
+}
+BUDGET_S = 15 * 60
+
+
+def parse() -> argparse.Namespace:
+    parser = base_parser("Run every benchmark and write the headline figures")
+    names = [m.NAME for m in MODULES]
+    parser.add_argument("--only", nargs="+", choices=names, help="run only these benchmarks")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse()
+    opts = options_from(args)
+    opts.extra = {}  # each benchmark with its own defaults
+    fail_without_repository(opts.models)
+    started = time.perf_counter()
+    results: list[Result] = []
+    failures: dict[str, str] = {}
+    for module in MODULES:
+        if args.only and module.NAME not in args.only:
+            continue
+        print(f"\n-> {module.TITLE}", flush=True)
+        try:
+            result = timed_run(module, opts)
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            traceback.print_exc()
+            failures[module.NAME] = f"{type(exc).__name__}: {exc}"
+            continue
+        results.append(result)
+        print_result(result)
+    elapsed = time.perf_counter() - started
+
+    figures: dict[str, Any] = {}
+    for key, name in HEADLINE.items():
+        found = next((r for r in results if r.name == name), None)
+        if found is not None:
+            figures[key] = float(found.metrics[key])
+    print(
+        f"\n== Summary ({elapsed:.0f} s in all{'; over the 15-minute budget' if elapsed > BUDGET_S else ''})"
+    )
+    for r in results:
+        for check in r.checks:
+            print(f"  {check.line()}")
+    for name, error in failures.items():
+        print(f"  {name}: FAILED ({error})")
+
+    if opts.results is not None and results:
+        append_results(opts.results, results, opts, title="run_all")
+        print(f"appended to {opts.results}")
+    if args.json is not None:
+        write_json(
+            args.json,
+            {
+                **figures,
+                "targets": {
+                    c.label: {"value": c.value, "target": c.target, "pass": c.passed}
+                    for r in results
+                    for c in r.checks
+                },
+                "details": {r.name: r.metrics for r in results},
+                "failures": failures,
+                "seconds": {**{r.name: round(r.seconds, 1) for r in results}, "total": round(elapsed, 1)},
+                "machine": machine_info(),
+                "options": describe_options(opts),
+            },
+        )
+        print(f"wrote {args.json}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
