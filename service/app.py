@@ -5,12 +5,16 @@
 1. loads every folder under MODEL_REPOSITORY (a refused folder gets one log
    line from the loader; the others serve),
 2. builds a pipeline per model: a DynamicBatcher for encoder models and the
-   translator, a GenerationEngine for text-generation models,
-3. starts each and warms it up with one real small inference, and only then
-   reports ready (GET /health/ready);
+   translator, a GenerationEngine for text-generation models, each reporting
+   to the metrics through its observer,
+3. opens the response cache (Redis when REDIS_URL is set, else an in-process
+   LRU),
+4. starts each pipeline and warms it up with one real small inference, and
+   only then reports ready (GET /health/ready);
 
 and on shutdown stops the pipelines in reverse order, letting in-flight work
-finish within SHUTDOWN_TIMEOUT_S. Handlers reach the services through
+finish within SHUTDOWN_TIMEOUT_S, then closes the cache. Draining before that
+(SIGTERM) is ``service.lifecycle``. Handlers reach the services through
 dependency injection from ``app.state``.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,18 +30,25 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from prometheus_client import multiprocess as prometheus_multiprocess
 
 from service.api.controllers import CONTROLLERS
-from service.api.deps import provide_inference, provide_limits, provide_settings
+from service.api.deps import provide_inference, provide_limits, provide_metrics, provide_settings
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
+from service.api.observe import observe_requests
 from service.api.request_id import request_id_middleware
+from service.cache import build_backend
+from service.context import RequestContextFilter
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
 from service.inference.batched import ModelPipeline
+from service.inference.caching import ResponseCache
 from service.inference.factory import build_pipeline
 from service.inference.registry import ModelRegistry
 from service.inference.service import InferenceService
+from service.lifecycle import Lifecycle
+from service.metrics import Metrics, multiprocess_enabled
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -52,7 +64,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
     )
 
 
-async def build_registry(settings: Settings) -> ModelRegistry:
+async def build_registry(settings: Settings, metrics: Metrics | None = None) -> ModelRegistry:
     """Load the repository (blocking ONNX Runtime work, off the event loop) and build every pipeline."""
     loaded, refused = await asyncio.to_thread(
         load_repository, settings.model_repository, runtime_options(settings)
@@ -60,42 +72,76 @@ async def build_registry(settings: Settings) -> ModelRegistry:
     pipelines: list[ModelPipeline] = []
     for name, model in loaded.items():
         try:
-            pipelines.append(build_pipeline(model, settings))
+            pipelines.append(build_pipeline(model, settings, metrics))
         except Exception as exc:  # a manifest the loader accepted but a pipeline cannot use
             log.error("refusing model %s: %r", name, exc)
             refused[name] = f"cannot serve: {exc!r}"
     return ModelRegistry(pipelines, refused)
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s %(model)s]: %(message)s"
+
+
 def _configure_logging(settings: Settings) -> None:
-    """Our loggers' level; a handler only when nobody (uvicorn, pytest) configured one."""
+    """Our loggers' level; a handler (with the request id and model) only when nobody configured one."""
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
     logging.getLogger("service").setLevel(level)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.addFilter(RequestContextFilter())
+        root.addHandler(handler)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
     """The Litestar app for ``settings`` (default: from the environment)."""
     settings = settings if settings is not None else Settings()
     _configure_logging(settings)
+    metrics = Metrics.from_settings(settings)
+    state = State(
+        {
+            "settings": settings,
+            "limits": RequestLimits.from_settings(settings),
+            "metrics": metrics,
+            # Until the lifespan has loaded the models: nothing to serve, readiness says "starting".
+            "inference": InferenceService(ModelRegistry([], {})),
+        }
+    )
+    lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
+    state.lifecycle = lifecycle
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        inference = InferenceService(await build_registry(settings))
+        registry = await build_registry(settings, metrics)
+        cache = ResponseCache(
+            build_backend(settings, errors=metrics),
+            ttl_s=settings.cache_ttl_s,
+            prefix=settings.cache_key_prefix,
+            observer=metrics,
+        )
+        inference = InferenceService(registry, cache)
+        if lifecycle.draining:  # SIGTERM arrived while loading
+            inference.drain()
         app.state.inference = inference
         try:
             await inference.start(warmup=settings.warmup)
-            registry = inference.registry
+            for pipeline in inference.registry.pipelines.values():
+                model = pipeline.model
+                metrics.served(model.name, model.version, model.task, model.provider)
             log.info(
-                "ready: %d model(s) serving (%s), %d refused",
+                "ready: %d model(s) serving (%s), %d refused; response cache: %s",
                 len(registry.pipelines),
                 ", ".join(registry.pipelines) or "none",
                 len(registry.refused),
+                cache.kind,
             )
             yield
         finally:
             await inference.stop(settings.shutdown_timeout_s)
+            await cache.close()
+            if multiprocess_enabled():
+                prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     return Litestar(
         route_handlers=CONTROLLERS,
@@ -104,18 +150,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
             "inference": Provide(provide_inference, sync_to_thread=False),
             "limits": Provide(provide_limits, sync_to_thread=False),
             "settings": Provide(provide_settings, sync_to_thread=False),
+            "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[request_id_middleware],
+        middleware=[request_id_middleware, observe_requests(metrics, lifecycle)],
         request_max_body_size=settings.max_body_bytes,
-        state=State(
-            {
-                "settings": settings,
-                "limits": RequestLimits.from_settings(settings),
-                # Until the lifespan has loaded the models: nothing to serve, readiness says "starting".
-                "inference": InferenceService(ModelRegistry([], {})),
-            }
-        ),
+        state=state,
         openapi_config=OpenAPIConfig(
             title="Transformer serving",
             version=API_VERSION,

@@ -8,13 +8,25 @@ defaults (README, "Configuration").
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MiB = 1024 * 1024
+
+
+def _bucket_list(value: Any) -> Any:
+    """Histogram buckets from the environment: a JSON list ``[0.1, 1]`` or plain ``0.1,1``."""
+    if isinstance(value, str):
+        text = value.strip()
+        return json.loads(text) if text.startswith("[") else [v for v in text.split(",") if v.strip()]
+    return value
+
+
+Buckets = Annotated[list[float], NoDecode, BeforeValidator(_bucket_list)]
 
 
 class Settings(BaseSettings):
@@ -66,14 +78,53 @@ class Settings(BaseSettings):
         default=4096 * 4096, ge=1, description="Width x height per image, read from the header"
     )
 
-    # --- start-up, cache, shutdown -------------------------------------------------------
+    # --- start-up and shutdown -----------------------------------------------------------
     warmup: bool = Field(default=True, description="Run one real inference per model before reporting ready")
-    redis_url: str | None = Field(default=None, description="Response cache; unset: in-process LRU")
-    cache_ttl_s: int = Field(default=3600, ge=0)
-    cache_max_entries: int = Field(default=10000, ge=0)
     shutdown_timeout_s: float = Field(
-        default=30.0, ge=0, description="Deadline for in-flight work on SIGTERM"
+        default=30.0,
+        ge=0,
+        description="On SIGTERM: readiness turns 503 and in-flight requests (streams too) get this long to finish",
     )
+
+    # --- response cache ------------------------------------------------------------------
+    cache_enabled: bool = Field(default=True, description="Cache deterministic responses")
+    redis_url: str | None = Field(default=None, description="Redis response cache; unset: in-process LRU")
+    cache_ttl_s: float = Field(default=3600.0, gt=0, description="Lifetime of a cached response")
+    cache_max_entries: int = Field(default=10000, ge=1, description="Size bound of the in-process LRU")
+    cache_key_prefix: str = Field(default="tserve", min_length=1, description="Namespace of the Redis keys")
+    redis_timeout_s: float = Field(
+        default=0.25, gt=0, description="Socket connect/read timeout per Redis call: a slow Redis is down"
+    )
+    redis_max_connections: int = Field(default=64, ge=1, description="Redis connection pool size")
+    cache_retry_interval_s: float = Field(
+        default=2.0, ge=0, description="After a Redis failure, serve uncached this long before trying again"
+    )
+    cache_error_log_interval_s: float = Field(
+        default=30.0, ge=0, description="At most one log line per interval about Redis failures"
+    )
+
+    # --- metrics -------------------------------------------------------------------------
+    metrics_latency_buckets: Buckets = Field(
+        default=[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+        min_length=1,
+        description="Histogram buckets (seconds) for request, queue, compute and token latencies",
+    )
+    metrics_batch_size_buckets: Buckets = Field(
+        default=[1, 2, 4, 8, 16, 32, 64, 128], min_length=1, description="Buckets for items per batch"
+    )
+    metrics_batch_tokens_buckets: Buckets = Field(
+        default=[16, 64, 256, 1024, 4096, 16384, 65536],
+        min_length=1,
+        description="Buckets for padded tokens per batch",
+    )
+
+    @model_validator(mode="after")
+    def _buckets_ascend(self) -> Settings:
+        for name in ("metrics_latency_buckets", "metrics_batch_size_buckets", "metrics_batch_tokens_buckets"):
+            buckets = getattr(self, name)
+            if any(b <= 0 for b in buckets) or sorted(set(buckets)) != buckets:
+                raise ValueError(f"{name.upper()} must be positive and strictly ascending, got {buckets}")
+        return self
 
     @model_validator(mode="after")
     def _items_fit_the_queue(self) -> Settings:

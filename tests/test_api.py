@@ -11,7 +11,6 @@ import base64
 import io
 import json
 import random
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,51 +19,23 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from PIL import Image
+from servers import LiveServer
 from tokenizers import Tokenizer
 
-from service.app import create_app
 from service.settings import Settings
 
 LIMITS = {"MAX_TEXT_CHARS": 4096, "MAX_CONTEXT_CHARS": 20000, "MAX_ITEMS": 32, "MAX_NEW_TOKENS": 256}
 MAX_BODY_BYTES = 1024 * 1024
 
 
-class LiveServer:
-    """uvicorn in a background thread on a free loopback port, with the app object at hand."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="api-test-server", daemon=True)
-        self.url = ""
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 300
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("the API server did not start (see the log above)")
-            if time.monotonic() > deadline:
-                raise TimeoutError("the API server did not start within 300 s")
-            time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-    def pipeline(self, name: str) -> Any:
-        return self.app.state.inference.registry.pipelines[name]
-
-
 @pytest.fixture(scope="module")
 def api(tiny_models: Path) -> Iterator[LiveServer]:
-    settings = Settings(MODEL_REPOSITORY=tiny_models, MAX_BODY_BYTES=MAX_BODY_BYTES, **LIMITS)
+    # No response cache here: the parity tests must compute every answer they compare (the cache has its
+    # own tests in test_cache.py).
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models, MAX_BODY_BYTES=MAX_BODY_BYTES, CACHE_ENABLED=False, **LIMITS
+    )
     with LiveServer(settings) as server:
         yield server
 
@@ -628,6 +599,7 @@ def test_full_queue_answers_429_with_retry_after(tiny_models: Path) -> None:
         MAX_ITEMS=1,
         MAX_BATCH_SIZE=1,
         MAX_QUEUE_DELAY_MS=0,
+        CACHE_ENABLED=False,  # identical requests must all reach the queue
     )
     body = {"text": SENTENCES[3], "beam_size": 4, "max_new_tokens": 60}
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=120) as c:

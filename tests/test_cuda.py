@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from servers import LiveServer
 
 from model_export.profiles import MODEL_NAMES
 from service.engine.repository import LoadedModel, ModelLoadError, load_model
@@ -83,8 +84,6 @@ def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel]
 
 
 def test_service_serves_on_cuda(cuda_models: dict[str, LoadedModel], tiny_models: Path) -> None:
-    from test_api import LiveServer  # tests/ is on sys.path under pytest
-
     with (
         LiveServer(Settings(MODEL_REPOSITORY=tiny_models, DEVICE="cuda")) as server,
         httpx.Client(base_url=server.url, timeout=120) as client,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import LiveServer
 
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
@@ -56,8 +57,6 @@ def test_manifest_whose_graph_names_disagree_is_refused(model_repo: Path) -> Non
 
 
 def test_service_with_a_broken_folder_still_serves_the_others(model_repo: Path) -> None:
-    from test_api import LiveServer  # tests/ is on sys.path under pytest
-
     damage(model_repo)
     with (
         LiveServer(Settings(MODEL_REPOSITORY=model_repo)) as server,

@@ -7,6 +7,7 @@ from typing import cast
 from litestar.datastructures import State
 
 from service.inference.service import InferenceService
+from service.metrics import Metrics
 from service.settings import Settings
 
 from .limits import RequestLimits
@@ -22,3 +23,7 @@ def provide_limits(state: State) -> RequestLimits:
 
 def provide_settings(state: State) -> Settings:
     return cast(Settings, state.settings)
+
+
+def provide_metrics(state: State) -> Metrics:
+    return cast(Metrics, state.metrics)

@@ -13,13 +13,13 @@ from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
-_STATE_KEY = "request_id"
+STATE_KEY = "request_id"
 _SANE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def request_id_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     state = connection.scope.get("state") or {}
-    value = state.get(_STATE_KEY)
+    value = state.get(STATE_KEY)
     return str(value) if value is not None else None
 
 
@@ -30,7 +30,7 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
             return
         given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == HEADER.encode()), "")
         rid = given if _SANE.match(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})[_STATE_KEY] = rid  # type: ignore[typeddict-item]
+        scope.setdefault("state", {})[STATE_KEY] = rid  # type: ignore[typeddict-item]
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

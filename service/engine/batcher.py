@@ -86,6 +86,8 @@ class BatcherObserver(Protocol):
         self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
     ) -> None: ...
 
+    def on_in_flight(self, items: int) -> None: ...
+
 
 class NullObserver:
     """No-op observer; subclass it and override only the hooks you need."""
@@ -102,6 +104,9 @@ class NullObserver:
     def on_batch(
         self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
     ) -> None:
+        pass
+
+    def on_in_flight(self, items: int) -> None:
         pass
 
 
@@ -220,6 +225,18 @@ class DynamicBatcher(Generic[In, Out]):
         except asyncio.CancelledError:
             self._drop_cancelled(entry)
             raise
+
+    def admit(self, count: int) -> None:
+        """Raise ``QueueFullError`` (and count the refusal) unless ``count`` more items fit the queue now.
+
+        For callers that queue several items at once and want all of them or none.
+        """
+        if not self.running:
+            return  # submit() reports it
+        if len(self._queue) + count > self.policy.max_queue_size:
+            self.rejected_full += 1
+            self._observer.on_reject("queue_full")
+            raise QueueFullError(self.name, len(self._queue), self.retry_after_s())
 
     def retry_after_s(self) -> int:
         """Whole seconds until the queue has likely drained: queued batches x recent batch time, >= 1."""
@@ -351,6 +368,7 @@ class DynamicBatcher(Generic[In, Out]):
     async def _execute(self, batch: list[_Entry[In, Out]]) -> None:
         started = time.monotonic()
         self._in_flight = len(batch)
+        self._observer.on_in_flight(len(batch))
         try:
             for sub in split_by_length(
                 batch, lambda e: e.cost, self.policy.split_ratio, self.policy.split_min_tokens
@@ -365,6 +383,7 @@ class DynamicBatcher(Generic[In, Out]):
             raise
         finally:
             self._in_flight = 0
+            self._observer.on_in_flight(0)
         elapsed = time.monotonic() - started
         self._avg_batch_s = (
             elapsed

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
-from service.engine.errors import QueueFullError
 from service.engine.repository import LoadedModel
 
 Item = TypeVar("Item")
@@ -71,9 +70,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         Raises ``QueueFullError`` at once when the queue cannot take all items; if one
         item fails, the others are withdrawn and the error propagates.
         """
-        policy = self.batcher.policy
-        if self.batcher.depth + len(items) > policy.max_queue_size:
-            raise QueueFullError(self.name, self.batcher.depth, self.batcher.retry_after_s())
+        self.batcher.admit(len(items))
         tasks = [
             asyncio.ensure_future(self.batcher.submit(item, cost))
             for item, cost in zip(items, costs, strict=True)

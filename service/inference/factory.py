@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from service.engine.batcher import BatchPolicy
 from service.engine.repository import LoadedModel
+from service.metrics import Metrics
 from service.settings import Settings
 
 from .batched import ModelPipeline
@@ -23,20 +24,21 @@ def batch_policy(settings: Settings) -> BatchPolicy:
     )
 
 
-def build_pipeline(model: LoadedModel, settings: Settings) -> ModelPipeline:
+def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | None = None) -> ModelPipeline:
     """The pipeline for the model's task (the repository loader has already refused unknown tasks)."""
     policy = batch_policy(settings)
     task = model.task
+    observer = metrics.batcher_observer(model.name) if metrics is not None else None
     if task == "text-classification":
-        return TextClassifier(model, policy)
+        return TextClassifier(model, policy, observer)
     if task == "image-classification":
-        return ImageClassifier(model, policy, settings.max_image_pixels)
+        return ImageClassifier(model, policy, settings.max_image_pixels, observer)
     if task == "translation":
-        return Translator(model, policy, settings.max_new_tokens)
+        return Translator(model, policy, settings.max_new_tokens, observer)
     if task == "question-answering":
-        return QuestionAnswerer(model, policy)
+        return QuestionAnswerer(model, policy, observer)
     if task == "token-classification":
-        return EntityTagger(model, policy)
+        return EntityTagger(model, policy, observer)
     if task == "text-generation":
         return Generator(
             model,
@@ -44,5 +46,6 @@ def build_pipeline(model: LoadedModel, settings: Settings) -> ModelPipeline:
             max_queue_size=settings.max_queue_size,
             queue_timeout_s=settings.queue_timeout_s,
             max_new_tokens=settings.max_new_tokens,
+            observer=metrics.generation_observer(model.name) if metrics is not None else None,
         )
     raise ValueError(f"no pipeline serves task {task!r}")

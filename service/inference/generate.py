@@ -13,7 +13,12 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.engine.generation import GenerationEngine, GenerationRequest, GenerationStream
+from service.engine.generation import (
+    GenerationEngine,
+    GenerationObserver,
+    GenerationRequest,
+    GenerationStream,
+)
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
 
@@ -55,13 +60,18 @@ class Generator(ModelPipeline):
         max_queue_size: int,
         queue_timeout_s: float,
         max_new_tokens: int,
+        observer: GenerationObserver | None = None,
     ) -> None:
         super().__init__(model)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
         self.max_new_tokens = max_new_tokens
         self.engine = GenerationEngine(
-            model, max_running=max_running, max_queue_size=max_queue_size, queue_timeout_s=queue_timeout_s
+            model,
+            max_running=max_running,
+            max_queue_size=max_queue_size,
+            queue_timeout_s=queue_timeout_s,
+            observer=observer,
         )
 
     async def start(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
+from service.context import note_model
+
 from .batched import ModelPipeline
 from .errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
 
@@ -60,6 +62,9 @@ class ModelRegistry:
         pipeline = self.pipelines.get(name)
         if pipeline is None:
             raise ModelNotFoundError(name, list(self.pipelines))
+        # Request metrics and logs carry the model, also when the request fails later. Only loaded
+        # names: a client's arbitrary string must not become a metric label.
+        note_model(name)
         if not isinstance(pipeline, kind):
             raise TaskMismatchError(
                 f"model {name!r} serves {pipeline.task}; field {input_field!r} needs a {task} model"

@@ -1,9 +1,13 @@
 """What the HTTP layer calls: one method per endpoint, plus the lifecycle of every pipeline.
 
 Each method checks readiness, resolves the model (by name or the task's
-default) and runs its pipeline. This is also the seam for the response cache:
-a cache goes in front of these methods, keyed by the model version, the task
-and the normalised request, and answers with ``Outcome(cached=True)``.
+default) and runs its pipeline behind the response cache
+(``caching.ResponseCache``): the cache key is the model's name and version,
+the task and the canonical request (every parameter with its effective
+value). Streams are never cached.
+
+Phases: starting -> ready -> draining (SIGTERM: new requests get 503, the
+ones in flight finish) -> stopping -> stopped.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Literal
 
+from service.cache import blob_digest
+
 from .batched import ModelPipeline
+from .caching import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from .classify import ImageClassifier, TextClassifier
 from .errors import NotReadyError
 from .extract import EntityTagger, QuestionAnswerer
@@ -24,12 +32,15 @@ from .translate import DecodingParams, Translator
 
 log = logging.getLogger(__name__)
 
-Phase = Literal["starting", "ready", "stopping", "stopped"]
+Phase = Literal["starting", "ready", "draining", "stopping", "stopped"]
+
+NO_CACHE = ResponseCache(None, ttl_s=1.0, prefix="-")
 
 
 class InferenceService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, cache: ResponseCache = NO_CACHE) -> None:
         self.registry = registry
+        self.cache = cache
         self.phase: Phase = "starting"
         self._started: list[ModelPipeline] = []
 
@@ -58,6 +69,11 @@ class InferenceService:
             log.info("warmed up %s in %.2fs", pipeline.name, time.perf_counter() - began)
         self.phase = "ready"
 
+    def drain(self) -> None:
+        """Refuse new requests (503 with Retry-After) while the ones in flight finish; readiness turns 503."""
+        if self.phase in ("starting", "ready"):
+            self.phase = "draining"
+
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting, let each engine finish its work within ``timeout_s``; reverse start order."""
         self.phase = "stopping"
@@ -76,34 +92,104 @@ class InferenceService:
     # --- one method per endpoint ----------------------------------------------------------
 
     async def translate(
-        self, texts: Sequence[str], params: DecodingParams, model: str | None, input_field: str
+        self,
+        texts: Sequence[str],
+        params: DecodingParams,
+        model: str | None,
+        input_field: str,
+        cache: CacheControl = USE_CACHE,
     ) -> Outcome[Translation]:
         self.check_ready()
-        return await self.registry.resolve(Translator, model, input_field).translate(texts, params)
+        pipeline = self.registry.resolve(Translator, model, input_field)
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"texts": list(texts), **asdict(params)},
+            result_type=Translation,
+            control=cache,
+            compute=lambda: pipeline.translate(texts, params),
+        )
 
     async def classify_texts(
-        self, texts: Sequence[str], top_k: int, model: str | None, input_field: str
+        self,
+        texts: Sequence[str],
+        top_k: int,
+        model: str | None,
+        input_field: str,
+        cache: CacheControl = USE_CACHE,
     ) -> Outcome[Classification]:
         self.check_ready()
-        return await self.registry.resolve(TextClassifier, model, input_field).classify(texts, top_k)
+        pipeline = self.registry.resolve(TextClassifier, model, input_field)
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"texts": list(texts), "top_k": top_k},
+            result_type=Classification,
+            control=cache,
+            compute=lambda: pipeline.classify(texts, top_k),
+        )
 
     async def classify_images(
-        self, images: Sequence[bytes], top_k: int, model: str | None, input_field: str, fields: Sequence[str]
+        self,
+        images: Sequence[bytes],
+        top_k: int,
+        model: str | None,
+        input_field: str,
+        fields: Sequence[str],
+        cache: CacheControl = USE_CACHE,
     ) -> Outcome[Classification]:
         """``fields`` names each image's own field (``images[2]``), for decode errors."""
         self.check_ready()
         pipeline = self.registry.resolve(ImageClassifier, model, input_field)
-        return await pipeline.classify(images, top_k, fields)
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"images": [blob_digest(image) for image in images], "top_k": top_k},
+            result_type=Classification,
+            control=cache,
+            compute=lambda: pipeline.classify(images, top_k, fields),
+        )
 
     async def answer(
-        self, pairs: Sequence[tuple[str, str]], model: str | None, input_field: str
+        self,
+        pairs: Sequence[tuple[str, str]],
+        model: str | None,
+        input_field: str,
+        cache: CacheControl = USE_CACHE,
     ) -> Outcome[Answer]:
         self.check_ready()
-        return await self.registry.resolve(QuestionAnswerer, model, input_field).answer(pairs)
+        pipeline = self.registry.resolve(QuestionAnswerer, model, input_field)
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"pairs": [list(pair) for pair in pairs]},
+            result_type=Answer,
+            control=cache,
+            compute=lambda: pipeline.answer(pairs),
+        )
 
-    async def entities(self, texts: Sequence[str], model: str | None, input_field: str) -> Outcome[Entities]:
+    async def entities(
+        self,
+        texts: Sequence[str],
+        model: str | None,
+        input_field: str,
+        cache: CacheControl = USE_CACHE,
+    ) -> Outcome[Entities]:
         self.check_ready()
-        return await self.registry.resolve(EntityTagger, model, input_field).tag(texts)
+        pipeline = self.registry.resolve(EntityTagger, model, input_field)
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"texts": list(texts)},
+            result_type=Entities,
+            control=cache,
+            compute=lambda: pipeline.tag(texts),
+        )
 
     async def generate(
         self,
@@ -113,15 +199,26 @@ class InferenceService:
         input_field: str,
         fields: Sequence[str],
         request_id: str = "",
+        cache: CacheControl = USE_CACHE,
     ) -> Outcome[Generation]:
+        """Cached only when deterministic: greedy (temperature 0) or seeded sampling."""
         self.check_ready()
         pipeline = self.registry.resolve(Generator, model, input_field)
-        return await pipeline.generate(prompts, params, fields, request_id)
+        deterministic = params.temperature == 0 or params.seed is not None
+        return await self.cache.get_or_compute(
+            model=pipeline.name,
+            version=pipeline.model.version,
+            task=pipeline.task,
+            request={"prompts": list(prompts), **asdict(params)},
+            result_type=Generation,
+            control=cache if deterministic else BYPASS,
+            compute=lambda: pipeline.generate(prompts, params, fields, request_id),
+        )
 
     async def open_stream(
         self, prompt: str, params: GenerateParams, model: str | None, field: str, request_id: str = ""
     ) -> tuple[Generator, OpenStream]:
-        """Streaming is never cached: it hands back the live sequence and the pipeline it runs in."""
+        """Streams are never cached: a stream's point is tokens as the model makes them (README, "Cache")."""
         self.check_ready()
         pipeline = self.registry.resolve(Generator, model, field)
         return pipeline, await pipeline.open_stream(prompt, params, field, request_id)

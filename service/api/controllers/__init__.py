@@ -3,7 +3,7 @@
 from .classify import ClassifyController
 from .extract import ExtractController
 from .generate import GenerateController
-from .system import HealthController, ModelsController
+from .system import HealthController, MetricsController, ModelsController
 from .translate import TranslateController
 
 CONTROLLERS = [
@@ -13,6 +13,7 @@ CONTROLLERS = [
     ExtractController,
     ModelsController,
     HealthController,
+    MetricsController,
 ]
 
 __all__ = ["CONTROLLERS"]

@@ -22,7 +22,7 @@ from ..errors import INFERENCE_ERRORS
 from ..guards import require_json, require_multipart
 from ..limits import RequestLimits
 from ..schemas.classify import MAX_TOP_K, ClassificationOut, ClassifyRequest, ClassifyResponse, ImageUpload
-from .envelope import envelope
+from .envelope import cache_control, envelope
 
 
 def decode_base64_image(field: str, value: str, max_bytes: int) -> bytes:
@@ -66,11 +66,22 @@ class ClassifyController(Controller):
             for (field, _), image in zip(inputs, images, strict=True):
                 limits.image(field, image)
             work = inference.classify_images(
-                images, data.top_k, data.model, data.input_field, [field for field, _ in inputs]
+                images,
+                data.top_k,
+                data.model,
+                data.input_field,
+                [field for field, _ in inputs],
+                cache_control(request, data.cache),
             )
         else:
             limits.texts(inputs)
-            work = inference.classify_texts([t for _, t in inputs], data.top_k, data.model, data.input_field)
+            work = inference.classify_texts(
+                [t for _, t in inputs],
+                data.top_k,
+                data.model,
+                data.input_field,
+                cache_control(request, data.cache),
+            )
         outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
             **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
@@ -95,7 +106,9 @@ class ClassifyController(Controller):
             raise InvalidInputError(f"must be in 1..{MAX_TOP_K}", "top_k", "out_of_range")
         content = await data.file.read()
         limits.image("file", content)
-        work = inference.classify_images([content], data.top_k, data.model or None, "file", ["file"])
+        work = inference.classify_images(
+            [content], data.top_k, data.model or None, "file", ["file"], cache_control(request)
+        )
         outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
             **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from litestar import Request
+
+from service.inference.caching import CacheControl
 from service.inference.results import Outcome
 
 from ..schemas.common import UsageOut
@@ -16,3 +19,8 @@ def envelope(outcome: Outcome[Any]) -> dict[str, Any]:
         "cached": outcome.cached,
         "usage": UsageOut.of(outcome.usage),
     }
+
+
+def cache_control(request: Request[Any, Any, Any], use_cache: bool = True) -> CacheControl:
+    """The body's ``cache`` field and the ``Cache-Control`` header (no-cache, max-age=0, no-store)."""
+    return CacheControl.of(use_cache, request.headers.get("cache-control"))

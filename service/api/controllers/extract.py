@@ -13,7 +13,7 @@ from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
 from ..schemas.extract import AnswerOut, EntitiesOut, ExtractRequest, ExtractResponse
-from .envelope import envelope
+from .envelope import cache_control, envelope
 
 
 class ExtractController(Controller):
@@ -42,7 +42,10 @@ class ExtractController(Controller):
             limits.items(data.input_field, len(inputs))
             limits.texts(inputs)
             tagged = await unless_disconnected(
-                request, inference.entities([t for _, t in inputs], data.model, data.input_field)
+                request,
+                inference.entities(
+                    [t for _, t in inputs], data.model, data.input_field, cache_control(request, data.cache)
+                ),
             )
             entities = [EntitiesOut.of(e) for e in tagged.results]
             return ExtractResponse(**envelope(tagged), task="entities", results=entities)
@@ -51,7 +54,10 @@ class ExtractController(Controller):
         limits.texts([(f"{prefix}question", q) for prefix, (q, _) in pairs])
         limits.contexts([(f"{prefix}context", c) for prefix, (_, c) in pairs])
         outcome = await unless_disconnected(
-            request, inference.answer([pair for _, pair in pairs], data.model, data.input_field)
+            request,
+            inference.answer(
+                [pair for _, pair in pairs], data.model, data.input_field, cache_control(request, data.cache)
+            ),
         )
         return ExtractResponse(
             **envelope(outcome), task="qa", results=[AnswerOut.of(a) for a in outcome.results]

@@ -17,7 +17,7 @@ from ..limits import RequestLimits
 from ..request_id import request_id_of
 from ..schemas.generate import GenerateRequest, GenerateResponse, GenerationOut
 from ..sse import generation_events
-from .envelope import envelope
+from .envelope import cache_control, envelope
 
 _OK = ResponseSpec(
     data_container=GenerateResponse,
@@ -69,7 +69,16 @@ class GenerateController(Controller):
         prompts = [p for _, p in inputs]
         fields = [f for f, _ in inputs]
         outcome = await unless_disconnected(
-            request, inference.generate(prompts, params, data.model, data.input_field, fields, request_id)
+            request,
+            inference.generate(
+                prompts,
+                params,
+                data.model,
+                data.input_field,
+                fields,
+                request_id,
+                cache_control(request, data.cache),
+            ),
         )
         results = [
             GenerationOut(

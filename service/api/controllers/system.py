@@ -1,14 +1,15 @@
-"""GET /v1/models, GET /health/live, GET /health/ready."""
+"""GET /v1/models, GET /health/live, GET /health/ready, GET /metrics."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.inference import InferenceService
 from service.inference.batched import ModelPipeline
+from service.metrics import Metrics
 
 from ..limits import RequestLimits
 from ..schemas.system import (
@@ -91,9 +92,11 @@ class HealthController(Controller):
         },
     )
     async def ready(self, inference: InferenceService) -> Response[ReadyResponse]:
-        """200 once every loaded model is warmed up; 503 while starting or stopping, or with no model at all.
+        """200 once every loaded model is warmed up; 503 while starting, draining or stopping, or with
+        no model at all.
 
-        Refused folders do not make the service unready (the others serve); they are listed.
+        Refused folders do not make the service unready (the others serve); they are listed. Nor does
+        an unreachable Redis: the cache fails open (``cache: degraded``) and requests are served uncached.
         """
         registry = inference.registry
         status: str = inference.phase
@@ -103,5 +106,22 @@ class HealthController(Controller):
             status=status,
             models={name: "ready" if status == "ready" else status for name in registry.pipelines},
             refused=dict(sorted(registry.refused.items())),
+            cache=await inference.cache.status(),
+            cache_backend=inference.cache.kind,
         )
-        return Response(body, status_code=200 if status == "ready" else 503)
+        headers = {} if status == "ready" else {"Retry-After": "1"}
+        return Response(body, status_code=200 if status == "ready" else 503, headers=headers)
+
+
+class MetricsController(Controller):
+    path = "/metrics"
+    tags = ("metrics",)
+
+    @get(summary="Prometheus metrics", media_type="text/plain")
+    async def metrics(self, request: Request[Any, Any, Any], metrics: Metrics) -> Response[bytes]:
+        """The Prometheus text format (0.0.4), or OpenMetrics when the scraper's Accept header asks for it.
+
+        With several workers, every worker's samples (PROMETHEUS_MULTIPROC_DIR).
+        """
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})

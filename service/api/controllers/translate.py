@@ -13,7 +13,7 @@ from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
 from ..schemas.translate import TranslateRequest, TranslateResponse, TranslationOut
-from .envelope import envelope
+from .envelope import cache_control, envelope
 
 
 class TranslateController(Controller):
@@ -50,7 +50,10 @@ class TranslateController(Controller):
         )
         texts = [text for _, text in inputs]
         outcome = await unless_disconnected(
-            request, inference.translate(texts, params, data.model, data.input_field)
+            request,
+            inference.translate(
+                texts, params, data.model, data.input_field, cache_control(request, data.cache)
+            ),
         )
         results = [
             TranslationOut.of(t, data.num_return_sequences, data.return_scores) for t in outcome.results

@@ -29,6 +29,11 @@ class Request(BaseModel):
     model: ModelName | None = Field(
         default=None, description="Served model name; default: the task's default model"
     )
+    cache: bool = Field(
+        default=True,
+        description="false: skip the response-cache look-up (the fresh result is still stored); "
+        "the same as the request header `Cache-Control: no-cache`",
+    )
 
 
 def exactly_one(values: dict[str, Any], *fields: str) -> None:

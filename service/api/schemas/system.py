@@ -47,6 +47,8 @@ class LiveResponse(BaseModel):
 
 
 class ReadyResponse(BaseModel):
-    status: str = Field(description="ready | starting | stopping | stopped | no_models")
+    status: str = Field(description="ready | starting | draining | stopping | stopped | no_models")
     models: dict[str, str] = Field(description="Loaded models -> ready")
     refused: dict[str, str] = Field(description="Refused folders -> reason")
+    cache: str = Field(description="ok | degraded (Redis unreachable: serving uncached) | disabled")
+    cache_backend: str = Field(description="memory | redis | disabled")

@@ -1,0 +1,114 @@
+"""Graceful shutdown: on SIGTERM, drain first (readiness 503, new requests 503 + Retry-After), then exit.
+
+``Lifecycle`` belongs to one app: the request middleware counts the HTTP
+requests in flight (streams until their last event), and ``begin_drain``
+flips the inference service to "draining". ``GracefulServer`` is uvicorn's
+server with a different first reaction to SIGTERM / SIGINT: instead of
+closing the listening socket at once, it drains while still answering (so
+a load balancer that probes readiness moves away, and a client that arrives
+late gets a clean 503 with Retry-After rather than a refused connection),
+waits until no request is in flight or SHUTDOWN_TIMEOUT_S has passed, and
+only then runs uvicorn's own shutdown: close the socket, finish the
+connections, run the lifespan shutdown (engines stop), exit 0. A second
+signal shuts down at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import uvicorn
+import uvicorn.supervisors.multiprocess as uvicorn_multiprocess
+from litestar import Litestar
+from litestar.datastructures import State
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self, state: State, shutdown_timeout_s: float) -> None:
+        self._state = state
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.in_flight = 0
+        self.draining = False
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+
+    def begin_drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self._state.inference.drain()
+        log.info(
+            "draining: readiness is 503, new requests get 503; %d request(s) in flight get up to %.0fs",
+            self.in_flight,
+            self.shutdown_timeout_s,
+        )
+
+
+def lifecycle_of(app: Any) -> Lifecycle | None:
+    """The Lifecycle of the Litestar app inside uvicorn's middleware wrappers, if any."""
+    while app is not None and not isinstance(app, Litestar):
+        app = getattr(app, "app", None)
+    return getattr(app.state, "lifecycle", None) if app is not None else None
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server that drains the app before its usual shutdown (module docstring)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._drain_since: float | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # Runs as a signal handler: only note the time; on_tick (on the event loop) does the work.
+        if self._drain_since is None and not self.should_exit:
+            self._drain_since = time.monotonic()
+            return
+        self.should_exit = True
+        self.force_exit = True  # a second signal: no more waiting
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_since is not None and not self.should_exit:
+            lifecycle = lifecycle_of(self.config.loaded_app)
+            if lifecycle is None:
+                self.should_exit = True
+            else:
+                lifecycle.begin_drain()
+                waited = time.monotonic() - self._drain_since
+                if lifecycle.in_flight == 0 or waited >= lifecycle.shutdown_timeout_s:
+                    if lifecycle.in_flight:
+                        log.warning(
+                            "drain deadline reached with %d request(s) in flight", lifecycle.in_flight
+                        )
+                    # What is left of the deadline bounds uvicorn's own wait for connections to close.
+                    left = lifecycle.shutdown_timeout_s - waited
+                    self.config.timeout_graceful_shutdown = max(1, int(left + 0.999))
+                    self.should_exit = True
+        return await super().on_tick(counter)
+
+
+class GracefulWorker(uvicorn_multiprocess.Process):
+    """A uvicorn worker process whose server is a GracefulServer (pickled by reference into the child)."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = GracefulServer(config=self.config)
+        return self._server
+
+
+def run_workers(config: uvicorn.Config) -> None:
+    """uvicorn's multi-process supervisor, each worker draining on SIGTERM like a single process does.
+
+    The supervisor builds its workers from the module-level name ``Process``; pointing that name at
+    GracefulWorker (in this, the parent, process only) is the one seam uvicorn offers for it.
+    """
+    uvicorn_multiprocess.Process = GracefulWorker  # type: ignore[misc]
+    uvicorn_multiprocess.Multiprocess(config, sockets=[config.bind_socket()]).run()

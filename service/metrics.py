@@ -1,0 +1,319 @@
+"""Prometheus metrics: defined once here, recorded where each decision is made.
+
+The engine knows nothing of Prometheus: its batchers and decoding loops call
+observer hooks (``BatcherObserver``, ``GenerationObserver``), and the
+observers below turn those calls into metrics. HTTP metrics come from the
+request middleware (``service.api.observe``), cache hits and misses from the
+response cache, cache errors from the Redis backend.
+
+Names follow the Prometheus conventions: a ``tserve_`` namespace, base units
+(``_seconds``), ``_total`` for counters. Histogram buckets come from the
+settings (METRICS_*_BUCKETS).
+
+Several workers: with WORKERS > 1, ``python -m service`` points
+PROMETHEUS_MULTIPROC_DIR at a fresh directory before any worker starts;
+every worker then writes its samples there and ``/metrics`` (served by any
+worker) aggregates all of them (prometheus_client's multiprocess mode;
+gauges sum over live workers). In containers, one worker per container is
+the recommended layout: Prometheus scrapes each replica.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client.exposition import choose_encoder
+
+from service.settings import Settings
+
+__all__ = ["Metrics", "multiprocess_enabled"]
+
+NAMESPACE = "tserve"
+
+
+def multiprocess_enabled() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class Metrics:
+    """Every metric of one app, registered in its own registry (so tests can run several apps)."""
+
+    def __init__(
+        self,
+        latency_buckets: Sequence[float],
+        batch_size_buckets: Sequence[float],
+        batch_tokens_buckets: Sequence[float],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        by_request = ["route", "method", "model", "status"]
+
+        # --- HTTP ---------------------------------------------------------------------------
+        self.http_requests = Counter(
+            "http_requests", "HTTP requests answered", by_request, namespace=NAMESPACE, registry=r
+        )
+        self.http_latency = Histogram(
+            "http_request_duration_seconds",
+            "Time from request start to the end of the response body (streams included)",
+            by_request,
+            namespace=NAMESPACE,
+            buckets=latency_buckets,
+            registry=r,
+        )
+        self.http_in_flight = Gauge(
+            "http_requests_in_flight",
+            "HTTP requests being answered",
+            ["route"],
+            namespace=NAMESPACE,
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+
+        # --- queues and batches ---------------------------------------------------------------
+        self.queue_seconds = Histogram(
+            "queue_duration_seconds",
+            "Time an item waited in a model's queue before its batch ran",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=latency_buckets,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "compute_duration_seconds",
+            "Model compute time per batch (generation: per prefill or decoding step)",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=latency_buckets,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "batch_size",
+            "Items per model call (generation: sequences per step)",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=batch_size_buckets,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "batch_tokens",
+            "Padded tokens per model call (longest x count)",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=batch_tokens_buckets,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "queue_depth",
+            "Items (generation: requests) waiting in a model's queue",
+            ["model"],
+            namespace=NAMESPACE,
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.model_in_flight = Gauge(
+            "model_in_flight",
+            "Items in the batch being computed (generation: sequences running)",
+            ["model"],
+            namespace=NAMESPACE,
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.rejected = Counter(
+            "requests_rejected",
+            "Requests or items refused before reaching the model (queue_full, timeout, closed)",
+            ["model", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.dropped = Counter(
+            "requests_dropped",
+            "Items or sequences dropped because their client went away (client_disconnected)",
+            ["model", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # --- generation ----------------------------------------------------------------------
+        self.generated_tokens = Counter(
+            "generated_tokens", "Tokens generated", ["model"], namespace=NAMESPACE, registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "time_to_first_token_seconds",
+            "Time from admission to a sequence's first token",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=latency_buckets,
+            registry=r,
+        )
+        self.time_per_output_token = Histogram(
+            "time_per_output_token_seconds",
+            "Time between consecutive tokens of a sequence (inter-token latency)",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=latency_buckets,
+            registry=r,
+        )
+        self.generations = Counter(
+            "generations",
+            "Finished sequences by finish reason (length, stop, eos)",
+            ["model", "finish_reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # --- response cache ------------------------------------------------------------------
+        self.cache_hits = Counter(
+            "cache_hits", "Responses answered from the cache", ["model"], namespace=NAMESPACE, registry=r
+        )
+        self.cache_misses = Counter(
+            "cache_misses", "Cache look-ups that found nothing", ["model"], namespace=NAMESPACE, registry=r
+        )
+        self.cache_errors = Counter(
+            "cache_errors",
+            "Cache calls that failed, or were skipped while the backend is down (served uncached)",
+            ["backend", "operation"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # --- what is served ------------------------------------------------------------------
+        self.model_info = Gauge(
+            "model_info",
+            "A loaded model (always 1): its version and the execution provider its session got",
+            ["model", "version", "task", "execution_provider"],
+            namespace=NAMESPACE,
+            multiprocess_mode="max",
+            registry=r,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Metrics:
+        return cls(
+            settings.metrics_latency_buckets,
+            settings.metrics_batch_size_buckets,
+            settings.metrics_batch_tokens_buckets,
+        )
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """(body, content type) in the format the scraper accepts (OpenMetrics or the text format), from
+        this process's registry, or from every worker's samples in multiprocess mode."""
+        encode, content_type = choose_encoder(accept or "")
+        if multiprocess_enabled():
+            registry = CollectorRegistry()
+            prometheus_multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return encode(registry), content_type
+        return encode(self.registry), content_type
+
+    # --- observers handed to the engine and the cache ----------------------------------------
+
+    def batcher_observer(self, model: str) -> BatcherMetrics:
+        return BatcherMetrics(self, model)
+
+    def generation_observer(self, model: str) -> GenerationMetrics:
+        return GenerationMetrics(self, model)
+
+    def on_cache_hit(self, model: str) -> None:
+        self.cache_hits.labels(model).inc()
+
+    def on_cache_miss(self, model: str) -> None:
+        self.cache_misses.labels(model).inc()
+
+    def on_cache_error(self, backend: str, operation: str) -> None:
+        self.cache_errors.labels(backend, operation).inc()
+
+    def served(self, model: str, version: str, task: str, provider: str) -> None:
+        self.model_info.labels(model, version, task, provider).set(1)
+        # Zero-valued series exist from the start, so rate() and alerts see them before the first event.
+        self.queue_depth.labels(model).set(0)
+        self.model_in_flight.labels(model).set(0)
+        self.cache_hits.labels(model)
+        self.cache_misses.labels(model)
+
+
+# Engine reject reasons -> (metric, reason label). "cancelled" means the client went away.
+_REJECT = {
+    "queue_full": ("rejected", "queue_full"),
+    "timeout": ("rejected", "timeout"),
+    "closed": ("rejected", "closed"),
+    "cancelled": ("dropped", "client_disconnected"),
+}
+
+
+class BatcherMetrics:
+    """A DynamicBatcher's observer (service.engine.batcher.BatcherObserver)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._m = metrics
+        self._model = model
+        self._queue_seconds = metrics.queue_seconds.labels(model)
+        self._compute_seconds = metrics.compute_seconds.labels(model)
+        self._batch_size = metrics.batch_size.labels(model)
+        self._batch_tokens = metrics.batch_tokens.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+        self._in_flight = metrics.model_in_flight.labels(model)
+
+    def on_enqueue(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def on_dequeue(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def on_reject(self, reason: str) -> None:
+        kind, label = _REJECT.get(reason, ("rejected", reason))
+        getattr(self._m, kind).labels(self._model, label).inc()
+
+    def on_batch(
+        self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
+    ) -> None:
+        for waited in queue_seconds:
+            self._queue_seconds.observe(waited)
+        self._compute_seconds.observe(compute_seconds)
+        self._batch_size.observe(size)
+        self._batch_tokens.observe(padded_tokens)
+
+    def on_in_flight(self, items: int) -> None:
+        self._in_flight.set(items)
+
+
+class GenerationMetrics:
+    """A GenerationEngine's observer (service.engine.generation.GenerationObserver)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._m = metrics
+        self._model = model
+        self._tokens = metrics.generated_tokens.labels(model)
+        self._ttft = metrics.time_to_first_token.labels(model)
+        self._tpot = metrics.time_per_output_token.labels(model)
+        self._compute_seconds = metrics.compute_seconds.labels(model)
+        self._batch_size = metrics.batch_size.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+        self._running = metrics.model_in_flight.labels(model)
+
+    def on_first_token(self, seconds: float) -> None:
+        self._tokens.inc()
+        self._ttft.observe(seconds)
+
+    def on_token(self, inter_token_seconds: float) -> None:
+        self._tokens.inc()
+        self._tpot.observe(inter_token_seconds)
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        self._batch_size.observe(batch_size)
+        self._compute_seconds.observe(seconds)
+
+    def on_finish(self, reason: str, completion_tokens: int) -> None:
+        self._m.generations.labels(self._model, reason).inc()
+
+    def on_cancel(self) -> None:
+        self._m.dropped.labels(self._model, "client_disconnected").inc()
+
+    def on_reject(self, reason: str) -> None:
+        kind, label = _REJECT.get(reason, ("rejected", reason))
+        getattr(self._m, kind).labels(self._model, label).inc()
+
+    def on_depth(self, waiting: int, running: int) -> None:
+        self._depth.set(waiting)
+        self._running.set(running)
