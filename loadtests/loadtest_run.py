@@ -360,6 +360,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parse_duration(args.duration)
     if args.users < 1:
         p.error("--users must be at least 1")
+    for item in args.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item, flags=re.DOTALL):
+            p.error(f"--env {item!r}: expected NAME=VALUE")
     return args, extra
 
 
