@@ -53,6 +53,14 @@ class UnsupportedMediaTypeError(ServiceError):
         )
 
 
+class MalformedBodyError(ServiceError):
+    """The body cannot be read as its Content-Type says: 400 ``malformed_json`` or ``bad_request``."""
+
+    def __init__(self, message: str, kind: str = "bad_request", field: str | None = None) -> None:
+        super().__init__(message, field)
+        self.kind = kind
+
+
 class ClientDisconnectedError(Exception):
     """The client closed the connection before its answer was ready; its work was cancelled."""
 
@@ -126,6 +134,10 @@ def on_invalid_input(request: Request[Any, Any, Any], exc: InvalidInputError) ->
     errors = [FieldError(field=exc.field, message=exc.message, type=exc.reason)]
     message = f"{exc.field}: {exc.message}" if exc.field else exc.message
     return error_response(request, 422, "validation_error", message, exc.field, errors)
+
+
+def on_malformed_body(request: Request[Any, Any, Any], exc: MalformedBodyError) -> Response[dict[str, Any]]:
+    return error_response(request, 400, exc.kind, exc.message, exc.field)
 
 
 def on_model_not_found(request: Request[Any, Any, Any], exc: ServiceError) -> Response[dict[str, Any]]:
@@ -204,6 +216,7 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     ModelNotFoundError: on_model_not_found,
     NoModelForTaskError: on_model_not_found,
     UnsupportedMediaTypeError: on_unsupported_media_type,
+    MalformedBodyError: on_malformed_body,
     NotReadyError: on_not_ready,
     QueueFullError: on_queue_full,
     QueueTimeoutError: on_queue_timeout,

@@ -1,27 +1,65 @@
-"""Content-type guards: they run before Litestar reads the body, so a wrong type is a 415, not a parse error."""
+"""Request guards: the content type (before Litestar reads the body, so a wrong type is a 415, not a parse
+error), then the body itself, decoded once here and cached for the handler.
+
+Decoding in the guard puts every way a body can fail to parse in one place, as a 400 naming what is wrong.
+Litestar turns msgspec's own decode errors into a 400, but lets others through as 500s: invalid UTF-8
+inside a JSON string (``UnicodeDecodeError``), nesting deeper than the decoder's recursion limit
+(``RecursionError``), a multipart text field that is not valid in its charset, or a charset nobody knows.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from litestar import Request
 from litestar.connection import ASGIConnection
+from litestar.exceptions import SerializationException
 from litestar.handlers.base import BaseRouteHandler
 
-from .errors import UnsupportedMediaTypeError
+from .errors import MalformedBodyError, UnsupportedMediaTypeError
 
 
 def _media_type(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     return connection.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """application/json, or any application/*+json."""
+async def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """application/json, or any application/*+json, and a body that decodes as JSON (or none at all)."""
     media = _media_type(connection)
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         raise UnsupportedMediaTypeError(media, "application/json")
+    if not isinstance(connection, Request):
+        return
+    try:
+        await connection.json()  # cached on the connection: the handler's `data` reuses it
+    except SerializationException as exc:
+        raise MalformedBodyError(
+            str(exc.detail), "malformed_json"
+        ) from exc  # msgspec's "JSON is malformed: ..."
+    except UnicodeDecodeError as exc:
+        raise MalformedBodyError(
+            f"JSON is malformed: not valid UTF-8 at byte {exc.start} ({exc.reason})", "malformed_json"
+        ) from exc
+    except RecursionError as exc:
+        raise MalformedBodyError("JSON is malformed: nested too deeply", "malformed_json") from exc
 
 
-def require_multipart(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+async def require_multipart(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """multipart/form-data with a boundary, and a body that parses as such (cached for the handler)."""
     media = _media_type(connection)
     if media != "multipart/form-data":
         raise UnsupportedMediaTypeError(media, "multipart/form-data")
+    if not isinstance(connection, Request):
+        return
+    if not connection.content_type[1].get("boundary"):
+        raise MalformedBodyError(
+            "multipart/form-data needs a boundary parameter", "bad_request", field="Content-Type"
+        )
+    try:
+        await connection.form()  # a broken structure is Litestar's own 400 ("Invalid multipart/form-data")
+    except UnicodeDecodeError as exc:
+        raise MalformedBodyError(
+            f"Invalid multipart/form-data: a text field is not valid {exc.encoding} ({exc.reason})"
+        ) from exc
+    except LookupError as exc:  # a part names a charset Python does not know
+        raise MalformedBodyError(f"Invalid multipart/form-data: {exc}") from exc

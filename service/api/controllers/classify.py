@@ -21,7 +21,7 @@ from ..disconnect import unless_disconnected
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json, require_multipart
 from ..limits import RequestLimits
-from ..schemas.classify import MAX_TOP_K, ClassificationOut, ClassifyRequest, ClassifyResponse, ImageUpload
+from ..schemas.classify import MAX_TOP_K, ClassificationOut, ClassifyBody, ClassifyResponse, ImageUpload
 from .envelope import cache_control, envelope
 
 
@@ -50,7 +50,7 @@ class ClassifyController(Controller):
     async def classify(
         self,
         request: Request[Any, Any, Any],
-        data: ClassifyRequest,
+        data: ClassifyBody,
         inference: InferenceService,
         limits: RequestLimits,
     ) -> ClassifyResponse:

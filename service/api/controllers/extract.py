@@ -12,7 +12,7 @@ from ..disconnect import unless_disconnected
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
-from ..schemas.extract import AnswerOut, EntitiesOut, ExtractRequest, ExtractResponse
+from ..schemas.extract import AnswerOut, EntitiesOut, ExtractBody, ExtractResponse
 from .envelope import cache_control, envelope
 
 
@@ -29,7 +29,7 @@ class ExtractController(Controller):
     async def extract(
         self,
         request: Request[Any, Any, Any],
-        data: ExtractRequest,
+        data: ExtractBody,
         inference: InferenceService,
         limits: RequestLimits,
     ) -> ExtractResponse:

@@ -15,9 +15,10 @@ from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
 from ..request_id import request_id_of
-from ..schemas.generate import GenerateRequest, GenerateResponse, GenerationOut
+from ..schemas.generate import SSE_EVENT_SCHEMA, GenerateBody, GenerateResponse, GenerationOut
 from ..sse import generation_events
 from .envelope import cache_control, envelope
+from .openapi import also_answers
 
 _OK = ResponseSpec(
     data_container=GenerateResponse,
@@ -36,12 +37,13 @@ class GenerateController(Controller):
         status_code=200,
         guards=[require_json],
         responses={**INFERENCE_ERRORS, 200: _OK},
+        operation_class=also_answers({"text/event-stream": SSE_EVENT_SCHEMA}),
         summary="Generate text (continuous batching)",
     )
     async def generate(
         self,
         request: Request[Any, Any, Any],
-        data: GenerateRequest,
+        data: GenerateBody,
         inference: InferenceService,
         limits: RequestLimits,
         settings: Settings,

@@ -20,6 +20,7 @@ from ..schemas.system import (
     RefusedOut,
     RequestLimitsOut,
 )
+from .openapi import also_answers
 
 # Manifest keys that describe what a model can take, reported as its limits.
 _LIMIT_KEYS = ("max_sequence_length", "max_source_length", "max_target_length")
@@ -117,7 +118,11 @@ class MetricsController(Controller):
     path = "/metrics"
     tags = ("metrics",)
 
-    @get(summary="Prometheus metrics", media_type="text/plain")
+    @get(
+        summary="Prometheus metrics",
+        media_type="text/plain",
+        operation_class=also_answers({"application/openmetrics-text": {"type": "string"}}),
+    )
     async def metrics(self, request: Request[Any, Any, Any], metrics: Metrics) -> Response[bytes]:
         """The Prometheus text format (0.0.4), or OpenMetrics when the scraper's Accept header asks for it.
 

@@ -12,7 +12,7 @@ from ..disconnect import unless_disconnected
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
-from ..schemas.translate import TranslateRequest, TranslateResponse, TranslationOut
+from ..schemas.translate import TranslateBody, TranslateResponse, TranslationOut
 from .envelope import cache_control, envelope
 
 
@@ -29,7 +29,7 @@ class TranslateController(Controller):
     async def translate(
         self,
         request: Request[Any, Any, Any],
-        data: TranslateRequest,
+        data: TranslateBody,
         inference: InferenceService,
         limits: RequestLimits,
     ) -> TranslateResponse:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, Field, model_validator
 
 from service.inference.results import Classification
 
-from .common import InferenceResponse, Request, Text, exactly_one
+from .common import InferenceResponse, Request, Text, exactly_one, exactly_one_of, json_body
 
 MAX_TOP_K = 100
 Base64Image = str  # the byte limit is MAX_IMAGE_BYTES after decoding; the body limit bounds the text
@@ -52,6 +53,11 @@ class ClassifyRequest(Request):
             return [(self.input_field, single)]
         batch = self.texts if self.texts is not None else self.images
         return [(f"{self.input_field}[{i}]", v) for i, v in enumerate(batch or [])]
+
+
+ClassifyBody = Annotated[
+    ClassifyRequest, json_body(ClassifyRequest, exactly_one_of("text", "texts", "image", "images"))
+]
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.inference.results import Answer, Entities
 
-from .common import InferenceResponse, Request, Text, exactly_one
+from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body
 
 
 class QAPair(BaseModel):
@@ -80,6 +80,27 @@ class ExtractRequest(Request):
         if self.text is not None:
             return [("text", self.text)]
         return [(f"texts[{i}]", t) for i, t in enumerate(self.texts or [])]
+
+
+_INPUTS = ("question", "context", "items", "text", "texts")
+
+
+def _task_input(task: str, *given: str) -> dict[str, object]:
+    return alternative(given, [name for name in _INPUTS if name not in given], task={"const": task})
+
+
+ExtractBody = Annotated[
+    ExtractRequest,
+    json_body(
+        ExtractRequest,
+        [
+            _task_input("qa", "question", "context"),
+            _task_input("qa", "items"),
+            _task_input("entities", "text"),
+            _task_input("entities", "texts"),
+        ],
+    ),
+]
 
 
 class AnswerOut(BaseModel):

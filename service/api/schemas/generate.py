@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.inference.generate import GenerateParams
 
-from .common import InferenceResponse, Request, Text, exactly_one
+from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body, json_schema_of
+from .errors import ErrorBody
 
 DEFAULT_MAX_NEW_TOKENS = 64
 StopString = Annotated[str, Field(min_length=1, max_length=64)]
@@ -69,6 +70,15 @@ class GenerateRequest(Request):
         )
 
 
+GenerateBody = Annotated[
+    GenerateRequest,
+    json_body(
+        GenerateRequest,
+        [alternative(["prompt"], ["prompts"]), alternative(["prompts"], ["prompt"], stream={"const": False})],
+    ),
+]
+
+
 class GenerationOut(BaseModel):
     text: str = Field(description="The completion (without the prompt; cut before a stop string)")
     finish_reason: str = Field(description="length | stop | eos")
@@ -98,3 +108,30 @@ class DoneEventOut(BaseModel):
     finish_reason: str
     text: str
     usage: dict[str, int]
+
+
+def _sse_event(event: str, data: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"const": event},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": json_schema_of(data, mode="serialization"),
+            },
+        },
+    }
+
+
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "description": "One Server-Sent Event ({event, data}): `token` per token, then `done`, or `error` if "
+    "decoding fails mid-stream; `data` is JSON",
+    "oneOf": [
+        _sse_event("token", TokenEventOut),
+        _sse_event("done", DoneEventOut),
+        _sse_event("error", ErrorBody),
+    ],
+}
+"""The schema of each event of a streamed generation (what OpenAPI 3.2 calls the ``itemSchema``)."""

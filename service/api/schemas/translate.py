@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.inference.results import Translation
 
-from .common import InferenceResponse, TextInput
+from .common import InferenceResponse, TextInput, exactly_one_of, json_body
 
 
 class TranslateRequest(TextInput):
@@ -35,6 +37,9 @@ class TranslateRequest(TextInput):
                 {"n": self.num_return_sequences, "k": self.beam_size, "field": "num_return_sequences"},
             )
         return self
+
+
+TranslateBody = Annotated[TranslateRequest, json_body(TranslateRequest, exactly_one_of("text", "texts"))]
 
 
 class TranslationSequenceOut(BaseModel):
