@@ -27,17 +27,26 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    Reference,
+    SecurityScheme,
+)
 from prometheus_client import multiprocess as prometheus_multiprocess
 
+from service.api.auth import ApiKeys, require_api_key
 from service.api.controllers import CONTROLLERS
 from service.api.deps import provide_inference, provide_limits, provide_metrics, provide_settings
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
-from service.api.request_id import request_id_middleware
+from service.api.request_id import ensure_request_id_header, request_id_middleware
 from service.cache import build_backend
 from service.context import RequestContextFilter
 from service.engine.repository import load_repository
@@ -94,6 +103,58 @@ def _configure_logging(settings: Settings) -> None:
         root.addHandler(handler)
 
 
+def _cors(settings: Settings) -> CORSConfig | None:
+    """CORS is off unless CORS_ALLOW_ORIGINS names origins."""
+    if not settings.cors_allow_origins:
+        return None
+    return CORSConfig(
+        allow_origins=settings.cors_allow_origins,
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID", "Cache-Control"],
+        expose_headers=["X-Request-ID", "Retry-After"],
+        max_age=600,
+    )
+
+
+def _openapi(keys: ApiKeys) -> OpenAPIConfig:
+    security: dict[str, object] = {}
+    if keys.enabled:
+        security = {
+            "components": Components(
+                security_schemes={
+                    "bearer": SecurityScheme(type="http", scheme="bearer"),
+                    "apiKey": SecurityScheme(type="apiKey", name="X-API-Key", security_scheme_in="header"),
+                }
+            ),
+            "security": [{"bearer": []}, {"apiKey": []}],
+        }
+    return OpenAPIConfig(
+        title="Transformer serving",
+        version=API_VERSION,
+        description="Translation, classification (text and images), generation, QA and entities over "
+        'ONNX Runtime. Every error answers {"error": {type, message, field, request_id, errors}}.',
+        **security,  # type: ignore[arg-type]
+    )
+
+
+def _document_unauthorized(app: Litestar, keys: ApiKeys) -> None:
+    """Add the 401 answer to every operation that needs a key (the middleware, not a handler, sends it)."""
+    schema = app.openapi_schema
+    for path, item in (schema.paths or {}).items():
+        if keys.is_open(path):
+            continue
+        for operation in (item.get, item.post):
+            if operation is not None and operation.responses is not None:
+                operation.responses["401"] = OpenAPIResponse(
+                    description="No valid API key (`unauthorized`): Authorization: Bearer KEY or X-API-Key: KEY",
+                    content={
+                        "application/json": OpenAPIMediaType(
+                            schema=Reference("#/components/schemas/ErrorBody")
+                        )
+                    },
+                )
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     """The Litestar app for ``settings`` (default: from the environment)."""
     settings = settings if settings is not None else Settings()
@@ -110,6 +171,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
+    keys = ApiKeys(settings.api_keys, settings.auth_health, settings.auth_metrics)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -143,7 +205,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             if multiprocess_enabled():
                 prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
-    return Litestar(
+    app = Litestar(
         route_handlers=CONTROLLERS,
         lifespan=[lifespan],
         dependencies={
@@ -153,13 +215,18 @@ def create_app(settings: Settings | None = None) -> Litestar:
             "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[request_id_middleware, observe_requests(metrics, lifecycle)],
+        before_send=[ensure_request_id_header],
+        middleware=[
+            request_id_middleware,
+            observe_requests(metrics, lifecycle, settings.access_log),
+            require_api_key(keys),
+        ],
+        cors_config=_cors(settings),
         request_max_body_size=settings.max_body_bytes,
+        logging_config=None,  # ours (_configure_logging): every line carries the request id and model
         state=state,
-        openapi_config=OpenAPIConfig(
-            title="Transformer serving",
-            version=API_VERSION,
-            description="Translation, classification (text and images), generation, QA and entities over "
-            'ONNX Runtime. Every error answers {"error": {type, message, field, request_id, errors}}.',
-        ),
+        openapi_config=_openapi(keys),
     )
+    if keys.enabled:
+        _document_unauthorized(app, keys)
+    return app

@@ -18,15 +18,17 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 MiB = 1024 * 1024
 
 
-def _bucket_list(value: Any) -> Any:
-    """Histogram buckets from the environment: a JSON list ``[0.1, 1]`` or plain ``0.1,1``."""
+def _env_list(value: Any) -> Any:
+    """A list from the environment: JSON (``[0.1, 1]``) or plain comma-separated values (``0.1,1``)."""
     if isinstance(value, str):
         text = value.strip()
-        return json.loads(text) if text.startswith("[") else [v for v in text.split(",") if v.strip()]
+        return json.loads(text) if text.startswith("[") else [v.strip() for v in text.split(",") if v.strip()]
     return value
 
 
-Buckets = Annotated[list[float], NoDecode, BeforeValidator(_bucket_list)]
+Buckets = Annotated[list[float], NoDecode, BeforeValidator(_env_list)]
+# API keys and CORS origins from the environment: a JSON list or plain comma-separated values.
+Words = Annotated[list[str], NoDecode, BeforeValidator(_env_list)]
 
 
 class Settings(BaseSettings):
@@ -72,6 +74,11 @@ class Settings(BaseSettings):
         default=32, ge=1, description="Inputs per request (texts, images, prompts, QA pairs)"
     )
     max_new_tokens: int = Field(default=256, ge=1, description="Upper bound of max_new_tokens")
+    max_total_new_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="Per request: items x max_new_tokens (x beam_size when translating) at most this",
+    )
     max_body_bytes: int = Field(default=4 * MiB, ge=1024, description="Request body limit (413 beyond)")
     max_image_bytes: int = Field(default=2 * MiB, ge=1, description="Encoded bytes per image")
     max_image_pixels: int = Field(
@@ -88,7 +95,9 @@ class Settings(BaseSettings):
 
     # --- response cache ------------------------------------------------------------------
     cache_enabled: bool = Field(default=True, description="Cache deterministic responses")
-    redis_url: str | None = Field(default=None, description="Redis response cache; unset: in-process LRU")
+    redis_url: str | None = Field(
+        default=None, repr=False, description="Redis response cache; unset: in-process LRU"
+    )
     cache_ttl_s: float = Field(default=3600.0, gt=0, description="Lifetime of a cached response")
     cache_max_entries: int = Field(default=10000, ge=1, description="Size bound of the in-process LRU")
     cache_key_prefix: str = Field(default="tserve", min_length=1, description="Namespace of the Redis keys")
@@ -101,6 +110,23 @@ class Settings(BaseSettings):
     )
     cache_error_log_interval_s: float = Field(
         default=30.0, ge=0, description="At most one log line per interval about Redis failures"
+    )
+
+    # --- security ------------------------------------------------------------------------
+    api_keys: Words = Field(
+        default=[],
+        repr=False,
+        description="Accepted API keys (Authorization: Bearer KEY, or X-API-Key: KEY); empty: no auth",
+    )
+    auth_health: bool = Field(default=False, description="With API keys: /health/* needs a key too")
+    auth_metrics: bool = Field(default=False, description="With API keys: /metrics needs a key too")
+    cors_allow_origins: Words = Field(
+        default=[],
+        description="Origins allowed by CORS (e.g. https://app.example.com, or *); empty: CORS off",
+    )
+    access_log: bool = Field(
+        default=True,
+        description="One INFO line per request: id, route, status, model, bytes in/out, seconds (never text)",
     )
 
     # --- metrics -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ last build, any change to how models are built gives a fresh one.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -44,25 +45,23 @@ def data_dir() -> Path:
 def tiny_models(data_dir: Path) -> Path:
     """A model repository with every model in the tiny profile; trained checkpoints under .work/."""
     out = ROOT / ".cache" / "test-models" / _source_key()
-    if not (out / "evaluation.json").is_file():
-        shutil.rmtree(out, ignore_errors=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "model_export",
-            "all",
-            "--profile",
-            "tiny",
-            "--out",
-            str(out),
-            "--data-dir",
-            str(data_dir),
-        ]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            raise RuntimeError(f"tiny model build failed:\n{proc.stderr[-4000:]}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Several test sessions may start at once (developers, helpers): one builds, the others wait for it.
+    with open(out.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "evaluation.json").is_file():
+            _build_tiny_models(out, data_dir)
     return out
+
+
+def _build_tiny_models(out: Path, data_dir: Path) -> None:
+    """The real CLI: `python -m model_export all --profile tiny` into ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "model_export", "all", "--profile", "tiny", "--out", str(out)]
+    cmd += ["--data-dir", str(data_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tiny model build failed:\n{proc.stderr[-4000:]}")
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -68,6 +70,7 @@ class ServiceProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() reaches the workers too
             )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
@@ -85,9 +88,12 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        """Kill the service and every process it started (uvicorn workers), whatever state it is in."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
 
     def __enter__(self) -> ServiceProcess:
         return self.start()

@@ -122,6 +122,7 @@ def test_request_id_is_echoed(client: httpx.Client) -> None:
     assert r.headers["x-request-id"] == "trace-42"
     assert r.json()["error"]["request_id"] == "trace-42"
     assert len(client.get("/health/live").headers["x-request-id"]) == 32
+    assert len(client.get("/v1/no-such-route").headers["x-request-id"]) == 32  # router errors too
 
 
 # --- translation ---------------------------------------------------------------------------

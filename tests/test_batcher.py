@@ -24,6 +24,7 @@ from service.engine.batcher import (
     QueueTimeoutError,
     split_by_length,
 )
+from service.engine.errors import InferenceError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -279,7 +280,8 @@ def test_exception_for_one_item_fails_only_that_item() -> None:
     asyncio.run(main())
 
 
-def test_run_batch_raising_fails_that_batch_and_batcher_keeps_running() -> None:
+def test_a_failing_item_fails_alone_and_batcher_keeps_running() -> None:
+    """A model call that raises is retried item by item: the bad item fails, its batch-mates complete."""
     model = FakeModel(gated=True)
     calls: list[list[str]] = []
 
@@ -297,13 +299,15 @@ def test_run_batch_raising_fails_that_batch_and_batcher_keeps_running() -> None:
         await settle()
         model.gate.set()
         await first
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert all(isinstance(r, RuntimeError) for r in results)
+        boom, victim = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(boom, InferenceError) and isinstance(boom.__cause__, RuntimeError)
+        assert "model exploded" in str(boom)
+        assert victim == FakeModel.answer(("victim", 1))
         assert await batcher.submit(("next", 1), 1) == FakeModel.answer(("next", 1))
         await batcher.stop()
 
     asyncio.run(main())
-    assert calls == [["first"], ["boom", "victim"], ["next"]]
+    assert calls == [["first"], ["boom", "victim"], ["boom"], ["victim"], ["next"]]
 
 
 def test_observer_sees_every_model_call() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,12 @@ def test_traffic_moves_the_metrics(client: httpx.Client) -> None:
         json={"prompt": "QUEEN:", "max_new_tokens": 5, "temperature": 0, "stream": True},
     ) as r:
         streamed = r.read().decode().count("event: token")
-    after = scrape(client)
+    # The stream's request is counted once the server has sent its last byte, which can be a moment
+    # after the client read it: wait for the in-flight gauge to come back to zero.
+    deadline = time.monotonic() + 10
+    while value(after := scrape(client), "tserve_http_requests_in_flight", route="/v1/generate"):
+        assert time.monotonic() < deadline, "the stream's request never finished"
+        time.sleep(0.02)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)

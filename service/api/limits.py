@@ -20,6 +20,7 @@ class RequestLimits:
     max_context_chars: int
     max_items: int
     max_new_tokens: int
+    max_total_new_tokens: int
     max_image_bytes: int
     max_image_pixels: int
     max_body_bytes: int
@@ -31,6 +32,7 @@ class RequestLimits:
             max_context_chars=settings.max_context_chars,
             max_items=settings.max_items,
             max_new_tokens=settings.max_new_tokens,
+            max_total_new_tokens=settings.max_total_new_tokens,
             max_image_bytes=settings.max_image_bytes,
             max_image_pixels=settings.max_image_pixels,
             max_body_bytes=settings.max_body_bytes,
@@ -55,6 +57,19 @@ class RequestLimits:
         if value is not None and value > self.max_new_tokens:
             raise InvalidInputError(
                 f"{value} is over the limit of {self.max_new_tokens} (MAX_NEW_TOKENS)", field, "out_of_range"
+            )
+
+    def generation_budget(self, field: str, items: int, new_tokens: int | None, beams: int = 1) -> None:
+        """A request's decoding work: items x new tokens (x beams) within MAX_TOTAL_NEW_TOKENS."""
+        if new_tokens is None:
+            return
+        total = items * new_tokens * beams
+        if total > self.max_total_new_tokens:
+            shape = f"{items} items x {new_tokens} new tokens" + (f" x {beams} beams" if beams > 1 else "")
+            raise InvalidInputError(
+                f"{shape} = {total}; at most {self.max_total_new_tokens} per request (MAX_TOTAL_NEW_TOKENS)",
+                field,
+                "over_budget",
             )
 
     def image(self, field: str, data: bytes) -> None:

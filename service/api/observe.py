@@ -1,17 +1,23 @@
-"""Per-request bookkeeping: the request context (id, model) for logs, in-flight counting, HTTP metrics.
+"""Per-request bookkeeping: the request context (id, model) for logs, in-flight counting, HTTP metrics,
+and the access log.
 
 Runs inside the request-id middleware, once a route matched (so the route
 label is the path template, never a client-chosen path). The model label is
 whatever model the inference layer resolved for the request (empty for
 routes without one), so failed requests are attributed too.
+
+The access log line (logger ``service.access``, INFO) holds the request id,
+method, route, status, model, body sizes and seconds: never request or
+response content.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from service.context import RequestContext, bind, unbind
 from service.lifecycle import Lifecycle
@@ -19,8 +25,12 @@ from service.metrics import Metrics
 
 from .request_id import STATE_KEY
 
+access_log = logging.getLogger("service.access")
 
-def observe_requests(metrics: Metrics, lifecycle: Lifecycle) -> Callable[[ASGIApp], ASGIApp]:
+
+def observe_requests(
+    metrics: Metrics, lifecycle: Lifecycle, log_access: bool = True
+) -> Callable[[ASGIApp], ASGIApp]:
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
@@ -35,19 +45,33 @@ def observe_requests(metrics: Metrics, lifecycle: Lifecycle) -> Callable[[ASGIAp
             in_flight.inc()
             lifecycle.request_started()
             started = time.perf_counter()
+            sizes = [0, 0]  # body bytes received, sent
+
+            async def receive_observed() -> ReceiveMessage:
+                message = await receive()
+                if message["type"] == "http.request":
+                    sizes[0] += len(message.get("body", b""))
+                return message
 
             async def send_observed(message: Message) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                elif message["type"] == "http.response.body":
+                    sizes[1] += len(message.get("body", b""))
                 await send(message)
 
             try:
-                await app(scope, receive, send_observed)
+                await app(scope, receive_observed, send_observed)
             finally:
+                elapsed = time.perf_counter() - started
                 labels = (route, method, context.model, str(status))
                 metrics.http_requests.labels(*labels).inc()
-                metrics.http_latency.labels(*labels).observe(time.perf_counter() - started)
+                metrics.http_latency.labels(*labels).observe(elapsed)
+                if log_access:
+                    access_log.info(
+                        "%s %s %d in=%dB out=%dB %.3fs", method, route, status, sizes[0], sizes[1], elapsed
+                    )
                 in_flight.dec()
                 lifecycle.request_finished()
                 unbind(token)

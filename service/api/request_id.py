@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 from litestar.connection import ASGIConnection
+from litestar.datastructures import MutableScopeHeaders
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
@@ -40,3 +41,9 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         await app(scope, receive, send_with_id)
 
     return middleware
+
+
+async def ensure_request_id_header(message: Message, scope: Scope) -> None:
+    """A ``before_send`` hook: answers that no route produced (404, 405) get an X-Request-ID too."""
+    if message["type"] == "http.response.start":
+        MutableScopeHeaders.from_message(message).setdefault(HEADER, uuid.uuid4().hex)

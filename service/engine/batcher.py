@@ -21,7 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
+from service.engine.errors import (
+    BatcherClosedError,
+    EngineError,
+    InferenceError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 
 __all__ = [
     "BatchPolicy",
@@ -395,13 +401,14 @@ class DynamicBatcher(Generic[In, Out]):
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         queue_seconds = [started - e.enqueued_at for e in entries]
-        results: Sequence[Out | BaseException]
-        try:
-            results = await loop.run_in_executor(self._executor, self._run_batch, [e.item for e in entries])
-            if len(results) != len(entries):
-                raise EngineError(f"run_batch returned {len(results)} results for {len(entries)} items")
-        except Exception as exc:  # the whole call failed: every item of this sub-batch gets the error
-            results = [exc] * len(entries)
+        results = await self._call(loop, entries)
+        if len(entries) > 1 and all(isinstance(r, InferenceError) for r in results):
+            # The whole call failed: find the culprit(s) by running each item alone, so one bad input
+            # fails its own request and the others in the batch still get their answers.
+            log.warning(
+                "batcher %s: a batch of %d failed; retrying its items one by one", self.name, len(entries)
+            )
+            results = [(await self._call(loop, [entry]))[0] for entry in entries]
         compute_seconds = time.monotonic() - started
         padded = max(e.cost for e in entries) * len(entries)
         self._observer.on_batch(len(entries), padded, queue_seconds, compute_seconds)
@@ -412,6 +419,21 @@ class DynamicBatcher(Generic[In, Out]):
                 entry.future.set_exception(result)
             else:
                 entry.future.set_result(result)
+
+    async def _call(
+        self, loop: asyncio.AbstractEventLoop, entries: list[_Entry[In, Out]]
+    ) -> Sequence[Out | BaseException]:
+        """One model call; if it raises, every item of it gets an InferenceError (logged once, with traceback)."""
+        try:
+            results = await loop.run_in_executor(self._executor, self._run_batch, [e.item for e in entries])
+        except Exception as exc:
+            log.error("batcher %s: model call on %d item(s) failed", self.name, len(entries), exc_info=exc)
+            error = InferenceError(self.name, exc)
+            error.__cause__ = exc
+            return [error] * len(entries)
+        if len(results) != len(entries):
+            raise EngineError(f"run_batch returned {len(results)} results for {len(entries)} items")
+        return results
 
     def _fail(self, entries: list[_Entry[In, Out]], error: BaseException) -> None:
         for entry in entries:

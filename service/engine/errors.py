@@ -37,3 +37,11 @@ class BatcherClosedError(EngineError):
         super().__init__(f"model {model!r} is not accepting requests: {reason}")
         self.model = model
         self.reason = reason
+
+
+class InferenceError(EngineError):
+    """The model call failed for this item (ONNX Runtime raised); other items of its batch are unaffected."""
+
+    def __init__(self, model: str, cause: BaseException) -> None:
+        super().__init__(f"model {model!r} failed on this input: {type(cause).__name__}: {str(cause)[:500]}")
+        self.model = model

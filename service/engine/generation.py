@@ -32,11 +32,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
+from .errors import BatcherClosedError, EngineError, InferenceError, QueueFullError, QueueTimeoutError
 from .repository import LoadedModel
 from .runtime import Graph, ort
 from .sampling import SamplingParams, TokenSampler
@@ -783,19 +784,32 @@ class GenerationEngine:
         return result
 
     async def _prefill(self, newcomers: list[_Sequence]) -> list[tuple[list[_Sequence], KVCache]]:
-        """Prefill the newcomers; a failure fails only them, the running batch goes on."""
+        """Prefill the newcomers together; if that fails, each alone, so only a failing prompt fails.
+
+        The running batch goes on either way.
+        """
         self._prefilling = newcomers
         try:
-            events, cache = await self._compute(lambda: self._batch.prefill(newcomers), len(newcomers))
-        except Exception as exc:
-            log.exception("generation %s: prefill of %d sequences failed", self.name, len(newcomers))
-            for seq in newcomers:
-                seq.stream._fail(EngineError(f"generation failed: {exc!r}"))
-            return []
+            groups = [newcomers]
+            joining: list[tuple[list[_Sequence], KVCache]] = []
+            while groups:
+                group = groups.pop(0)
+                try:
+                    events, cache = await self._compute(partial(self._batch.prefill, group), len(group))
+                except Exception as exc:
+                    log.error(
+                        "generation %s: prefill of %d sequence(s) failed", self.name, len(group), exc_info=exc
+                    )
+                    if len(group) > 1:
+                        groups += [[seq] for seq in group]
+                        continue
+                    group[0].stream._fail(InferenceError(self.name, exc))
+                    continue
+                self._publish(list(zip(group, events, strict=True)))
+                joining.append((group, cache))
+            return joining
         finally:
             self._prefilling = []
-        self._publish(list(zip(newcomers, events, strict=True)))
-        return [(newcomers, cache)]
 
     async def _decode(self, joining: list[tuple[list[_Sequence], KVCache]]) -> None:
         joined = [s for seqs, _ in joining for s in seqs]

@@ -6,7 +6,7 @@ import io
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 RESAMPLE = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -36,6 +36,10 @@ def decode_image(data: bytes, preprocessing: dict[str, Any], max_pixels: int) ->
         image.load()
     except ImageDecodeError:
         raise
+    except UnidentifiedImageError as exc:
+        raise ImageDecodeError("could not decode the image: not a PNG or JPEG file") from exc
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, for headers far past any limit
+        raise ImageDecodeError(f"image has more pixels than the limit of {max_pixels}: {exc}") from exc
     except Exception as exc:  # PIL raises many types for broken data
         raise ImageDecodeError(f"could not decode the image: {exc}") from exc
     if image.mode in ("RGBA", "LA", "P"):  # flatten transparency onto black, the training background

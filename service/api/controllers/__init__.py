@@ -16,4 +16,4 @@ CONTROLLERS = [
     MetricsController,
 ]
 
-__all__ = ["CONTROLLERS"]
+__all__ = ["CONTROLLERS", "HealthController", "MetricsController"]

@@ -61,6 +61,7 @@ class GenerateController(Controller):
         limits.texts(inputs)
         limits.new_tokens("max_new_tokens", data.max_new_tokens)
         params = data.params(settings.max_new_tokens)
+        limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
         request_id = request_id_of(request) or ""
         if data.stream:
             assert data.prompt is not None  # the schema allows streaming a single prompt only

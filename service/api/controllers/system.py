@@ -66,6 +66,7 @@ class ModelsController(Controller):
                 max_text_chars=limits.max_text_chars,
                 max_context_chars=limits.max_context_chars,
                 max_new_tokens=limits.max_new_tokens,
+                max_total_new_tokens=limits.max_total_new_tokens,
                 max_body_bytes=limits.max_body_bytes,
                 max_image_bytes=limits.max_image_bytes,
                 max_image_pixels=limits.max_image_pixels,

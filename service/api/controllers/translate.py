@@ -42,6 +42,7 @@ class TranslateController(Controller):
         limits.items(data.input_field, len(inputs))
         limits.texts(inputs)
         limits.new_tokens("max_new_tokens", data.max_new_tokens)
+        limits.generation_budget("max_new_tokens", len(inputs), data.max_new_tokens, data.beam_size)
         params = DecodingParams(
             beam_size=data.beam_size,
             max_new_tokens=data.max_new_tokens,

@@ -31,6 +31,7 @@ class RequestLimitsOut(BaseModel):
     max_text_chars: int
     max_context_chars: int
     max_new_tokens: int
+    max_total_new_tokens: int = Field(description="items x max_new_tokens (x beam_size) per request")
     max_body_bytes: int
     max_image_bytes: int
     max_image_pixels: int
