@@ -50,6 +50,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -825,7 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="another setting for the launched service, e.g. MAX_BATCH_SIZE=4 (repeatable)",
     )
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
-    parser.add_argument("--log", type=Path, default=Path("overload-service.log"), help="service log (launch)")
+    parser.add_argument(
+        "--log", type=Path, help="the launched service's log (default: a file in the temporary directory)"
+    )
     args = parser.parse_args(argv)
 
     limits = Limits(
@@ -843,8 +846,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.models is not None:
             if not args.models.is_dir():
                 parser.error(f"--models {args.models} is not a directory")
-            print(f"launching the service on {args.models} (log: {args.log})", flush=True)
-            proc, url = launch(args.models, limits, args.threads, args.log, extra_env)
+            log_path = args.log or Path(tempfile.mkstemp(prefix="overload-service-", suffix=".log")[1])
+            print(f"launching the service on {args.models} (log: {log_path})", flush=True)
+            proc, url = launch(args.models, limits, args.threads, log_path, extra_env)
             pid: int | None = proc.pid
         else:
             url, pid = args.url.rstrip("/"), args.pid
