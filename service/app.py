@@ -218,7 +218,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         before_send=[ensure_request_id_header],
         middleware=[
             request_id_middleware,
-            observe_requests(metrics, lifecycle, settings.access_log),
+            observe_requests(metrics, lifecycle, settings.max_in_flight_requests, settings.access_log),
             require_api_key(keys),
         ],
         cors_config=_cors(settings),

@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
     max_queue_size: int = Field(default=256, ge=1, description="Waiting items per model; beyond it: 429")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in a queue; beyond it: 503")
+    max_in_flight_requests: int = Field(
+        default=1024,
+        ge=1,
+        description="HTTP requests answered at once per worker; beyond it: 503 before the body is read",
+    )
 
     # --- generation (continuous batching) ------------------------------------------------
     max_running_sequences: int = Field(default=16, ge=1, description="Sequences decoded together per step")

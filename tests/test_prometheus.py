@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -119,29 +120,35 @@ def test_model_info_matches_the_models_endpoint(client: httpx.Client) -> None:
         assert value(samples, "tserve_model_info", **labels) == 1, labels
 
 
-def test_rejections_and_drops_are_counted(tiny_models: Path) -> None:
-    """A queue of one under a burst: the 429s appear as queue_full rejections of that model."""
+def test_rejections_are_counted_and_never_taken_for_drops(tiny_models: Path) -> None:
+    """Small queues under a burst: every 429 is a queue_full rejection of its model, and a request whose
+    prompts do not all fit is refused whole (none of its prompts queued, so nothing is counted as
+    dropped by a departed client)."""
     settings = Settings(
         MODEL_REPOSITORY=tiny_models,
-        MAX_QUEUE_SIZE=1,
-        MAX_ITEMS=1,
+        MAX_QUEUE_SIZE=4,
+        MAX_ITEMS=3,
         MAX_BATCH_SIZE=1,
+        MAX_RUNNING_SEQUENCES=1,
         MAX_QUEUE_DELAY_MS=0,
         CACHE_ENABLED=False,
     )
-    body = {"text": "A woman in a red dress sings on a stage.", "beam_size": 4, "max_new_tokens": 40}
+    translate = {"text": "A woman in a red dress sings on a stage.", "beam_size": 4, "max_new_tokens": 40}
+    generate = {"prompts": ["KING:", "QUEEN:", "DUKE:"], "max_new_tokens": 30, "temperature": 0}
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as c:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(16) as pool:
-            statuses = list(pool.map(lambda _: c.post("/v1/translate", json=body).status_code, range(32)))
+        with ThreadPoolExecutor(20) as pool:
+            translated = list(
+                pool.map(lambda _: c.post("/v1/translate", json=translate).status_code, range(40))
+            )
+            generated = list(pool.map(lambda _: c.post("/v1/generate", json=generate).status_code, range(20)))
         samples = scrape(c)
-    refused = statuses.count(429)
-    assert refused > 0
-    assert (
-        value(samples, "tserve_requests_rejected_total", model="translator", reason="queue_full") == refused
-    )
-    assert value(samples, "tserve_http_requests_total", model="translator", status="429") == refused
+    assert set(translated) <= {200, 429} and set(generated) <= {200, 429}
+    for model, statuses in (("translator", translated), ("gpt", generated)):
+        refused = statuses.count(429)
+        assert refused > 0, model
+        assert value(samples, "tserve_requests_rejected_total", model=model, reason="queue_full") == refused
+        assert value(samples, "tserve_http_requests_total", model=model, status="429") == refused
+        assert value(samples, "tserve_requests_dropped_total", model=model) == 0
 
 
 def test_exposition_passes_promtool(client: httpx.Client) -> None:

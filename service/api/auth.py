@@ -13,10 +13,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Sequence
 
-from litestar.types import ASGIApp, HTTPResponseBodyEvent, HTTPResponseStartEvent, Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
-from .request_id import STATE_KEY
-from .schemas.errors import ErrorBody, ErrorDetail
+from .raw_errors import send_error
 
 
 class ApiKeys:
@@ -66,27 +65,17 @@ def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
             if presented and keys.accepts(presented):
                 await app(scope, receive, send)
                 return
-            detail = ErrorDetail(
-                type="unauthorized",
-                message="a valid API key is required: Authorization: Bearer KEY, or X-API-Key: KEY"
+            await send_error(
+                scope,
+                send,
+                401,
+                "unauthorized",
+                "a valid API key is required: Authorization: Bearer KEY, or X-API-Key: KEY"
                 if not presented
                 else "the API key is not valid",
                 field="Authorization",
-                request_id=str((scope.get("state") or {}).get(STATE_KEY) or "") or None,
+                headers={"WWW-Authenticate": 'Bearer realm="tserve"'},
             )
-            body = ErrorBody(error=detail).model_dump_json(exclude_none=True).encode()
-            start: HTTPResponseStartEvent = {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="tserve"'),
-                ],
-            }
-            await send(start)
-            end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-            await send(end)
 
         return middleware
 

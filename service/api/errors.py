@@ -235,7 +235,8 @@ _DESCRIPTIONS = {
     422: "A field is invalid: range, empty/whitespace/oversized text, too many items, undecodable image, "
     "model serving another task (`validation_error`, with `field` and `errors`)",
     429: "The model's queue is full (`queue_full`); retry after the `Retry-After` header's seconds",
-    503: "Not ready, stopping, or the request timed out in the queue; see `Retry-After`",
+    503: "Not ready or draining (`not_ready`), the request timed out in the queue (`queue_timeout`), or "
+    "MAX_IN_FLIGHT_REQUESTS are being answered (`overloaded`); see `Retry-After`",
     500: "A bug in the service (`internal_error`); never caused by request content",
 }
 

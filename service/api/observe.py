@@ -23,13 +23,18 @@ from service.context import RequestContext, bind, unbind
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 
+from .raw_errors import send_error
 from .request_id import STATE_KEY
 
 access_log = logging.getLogger("service.access")
 
 
+# Probes and scrapes are answered whatever the load: they are how operators see it.
+_ALWAYS_ANSWERED = ("/health/", "/metrics")
+
+
 def observe_requests(
-    metrics: Metrics, lifecycle: Lifecycle, log_access: bool = True
+    metrics: Metrics, lifecycle: Lifecycle, max_in_flight: int, log_access: bool = True
 ) -> Callable[[ASGIApp], ASGIApp]:
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
@@ -37,6 +42,19 @@ def observe_requests(
                 await app(scope, receive, send)
                 return
             route = scope.get("path_template") or "unmatched"
+            if lifecycle.in_flight >= max_in_flight and not route.startswith(_ALWAYS_ANSWERED):
+                # Past the model queues' own bounds: refuse before the body is even read.
+                metrics.http_requests.labels(route, scope.get("method", ""), "", "503").inc()
+                await send_error(
+                    scope,
+                    send,
+                    503,
+                    "overloaded",
+                    f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
+                    "retry later",
+                    headers={"Retry-After": "1"},
+                )
+                return
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
             context = RequestContext(request_id=str((scope.get("state") or {}).get(STATE_KEY, "")))
             token = bind(context)

@@ -674,6 +674,17 @@ class GenerationEngine:
         self._wakeup.set()
         return stream
 
+    def admit(self, count: int) -> None:
+        """Raise QueueFullError (and count the refusal) unless ``count`` more requests fit the queue now.
+
+        For callers that submit several prompts and want all of them queued or none.
+        """
+        if self._worker is None or self._closed:
+            return  # submit() reports it
+        if len(self._waiting) + count > self.max_queue_size:
+            self._hooks.on_reject("queue_full")
+            raise QueueFullError(self.name, len(self._waiting), self.retry_after_s())
+
     def retry_after_s(self) -> int:
         """Whole seconds until a slot likely frees: rounds of ``max_running`` ahead x recent sequence time, >= 1."""
         rounds_ahead = math.ceil((len(self._waiting) + 1) / self.max_running)

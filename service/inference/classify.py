@@ -55,6 +55,7 @@ class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
         ]
 
     async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
+        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         encoded = await asyncio.to_thread(self.encode, texts)
         probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
         results = [
@@ -107,6 +108,7 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         self, images: Sequence[bytes], top_k: int, fields: Sequence[str]
     ) -> Outcome[Classification]:
         """``fields`` names each image's request field, so an undecodable one is reported by name."""
+        self.batcher.admit(len(images))  # a full queue refuses before decoding is paid for
         decoded = await asyncio.to_thread(self.decode, images, fields)
         probs = await self.infer(decoded, [self.cost] * len(decoded))
         results = [top_labels(p, self.labels, top_k) for p in probs]

@@ -74,6 +74,7 @@ class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
 
     async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
         """``pairs`` are (question, context); offsets in the answers index into each context."""
+        self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
         windows = await asyncio.to_thread(self.windows, pairs)
         costs = [len(w) * max(map(len, w)) for w in windows]
         spans = await self.infer(windows, costs)
@@ -150,6 +151,7 @@ class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
         return Entities(found, tagged.truncated)
 
     async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
+        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         tagged = await asyncio.to_thread(self.encode, texts)
         logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]

@@ -125,7 +125,9 @@ class Generator(ModelPipeline):
         self, prompts: Sequence[str], params: GenerateParams, fields: Sequence[str], request_id: str = ""
     ) -> Outcome[Generation]:
         """All prompts decode concurrently in the engine's running batch; results in prompt order."""
+        self.engine.admit(len(prompts))  # a full queue refuses before tokenisation is paid for
         encoded = await asyncio.to_thread(self.encode, prompts, fields)
+        self.engine.admit(len(prompts))  # all prompts or none: no await between here and the submits
         streams: list[GenerationStream] = []
         try:
             for ids, field in zip(encoded, fields, strict=True):
@@ -148,7 +150,9 @@ class Generator(ModelPipeline):
         self, prompt: str, params: GenerateParams, field: str, request_id: str = ""
     ) -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
+        self.engine.admit(1)
         (ids,) = await asyncio.to_thread(self.encode, [prompt], [field])
+        self.engine.admit(1)
         return OpenStream(self._submit(ids, params, field, request_id), len(ids))
 
     async def warmup(self) -> None:

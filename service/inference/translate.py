@@ -125,6 +125,7 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         return TranslationSequence(text, float(h.score), "eos" if h.finished else "length", len(h.tokens))
 
     async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
+        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         prepared = await asyncio.to_thread(self.prepare, texts, params)
         items = [item for item, _ in prepared]
         outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])

@@ -196,3 +196,26 @@ def test_invalid_surrogates_are_a_400_that_says_why(client: httpx.Client) -> Non
     # Escaped as a proper pair, the same character class is fine.
     pair = json.dumps({"text": "abc \U0001f600 def"})
     assert client.post("/v1/classify", content=pair, headers={"content-type": "application/json"}).is_success
+
+
+def test_requests_past_the_in_flight_cap_get_503_before_their_body_is_read(tiny_models: Path) -> None:
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models,
+        CACHE_ENABLED=False,
+        MAX_IN_FLIGHT_REQUESTS=2,
+        MAX_QUEUE_DELAY_MS=1500,  # the admitted two wait in the queue, holding their places
+        MAX_BATCH_SIZE=64,
+    )
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(6) as pool:
+            posts = [pool.submit(c.post, "/v1/classify", json={"text": f"film {i}"}) for i in range(6)]
+            ready = c.get("/health/ready")  # probes are answered whatever the load
+            answers = [f.result() for f in posts]
+        assert ready.status_code == 200
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [200, 200, 503, 503, 503, 503]
+        for a in answers:
+            if a.status_code == 503:
+                assert a.headers["retry-after"] == "1" and a.json()["error"]["type"] == "overloaded"

@@ -17,7 +17,7 @@ class ErrorDetail(BaseModel):
     type: str = Field(
         description="validation_error | model_not_found | malformed_json | bad_request | payload_too_large | "
         "unsupported_media_type | queue_full | queue_timeout | not_ready | unavailable | not_found | "
-        "method_not_allowed | client_closed_request | internal_error"
+        "method_not_allowed | client_closed_request | unauthorized | overloaded | internal_error"
     )
     message: str
     field: str | None = Field(default=None, description="The (first) request field at fault")

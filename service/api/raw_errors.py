@@ -1,0 +1,28 @@
+"""Error answers sent by a middleware, before any handler runs: the same JSON shape as api/errors.py."""
+
+from __future__ import annotations
+
+from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Scope, Send
+
+from .request_id import STATE_KEY
+from .schemas.errors import ErrorBody, ErrorDetail
+
+
+async def send_error(
+    scope: Scope,
+    send: Send,
+    status: int,
+    kind: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    request_id = str((scope.get("state") or {}).get(STATE_KEY) or "") or None
+    detail = ErrorDetail(type=kind, message=message, field=field, request_id=request_id)
+    body = ErrorBody(error=detail).model_dump_json(exclude_none=True).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    start: HTTPResponseStartEvent = {"type": "http.response.start", "status": status, "headers": raw_headers}
+    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
+    await send(start)
+    await send(end)
