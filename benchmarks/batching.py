@@ -1,22 +1,23 @@
 """(b) Served text-classification throughput with dynamic batching (MAX_BATCH_SIZE=32) vs MAX_BATCH_SIZE=1.
 
-Two real servers (``python -m service`` on a free loopback port, only the text classifier loaded),
-one after the other, each driven by closed-loop asyncio + httpx clients at 1/8/32/64 concurrent
-clients for a fixed duration per point. Each request classifies one SST-2 validation sentence and
-sends ``Cache-Control: no-cache`` so that a response cache never answers. Client and server share
+Two real servers (``python -m service`` on free loopback ports, only the text classifier loaded)
+run side by side and take turns, point by point, for two rounds: closed-loop asyncio clients at
+1/8/32/64 concurrent clients for a fixed duration per point. Each request classifies one SST-2 validation sentence and
+sends ``Cache-Control: no-cache, no-store`` so that a response cache never answers. Client and server share
 the machine's cores: the table gives the CPU each side used (cores busy over the window).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/batching.py` anywhere
 
 from benchmarks.common import (
-    NO_CACHE,
+    BYPASS_CACHE,
     Check,
     HTTPConnection,
     LoadPoint,
@@ -28,6 +29,7 @@ from benchmarks.common import (
     cores_used,
     find_model,
     main,
+    merge_points,
     ratio,
     run_async,
     sentiment_texts,
@@ -43,8 +45,9 @@ TARGET_32 = 4.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--duration", type=float, default=None, help="seconds per point (default 6, quick 0.5)"
+        "--duration", type=float, default=None, help="seconds per point (default 4, quick 0.5)"
     )
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=None, help=f"clients per point (default {CONCURRENCY})"
     )
@@ -52,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def classify_request(texts: list[str]) -> RequestFn:
     async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
-        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, NO_CACHE)
+        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, BYPASS_CACHE)
         return response.status, {}
 
     return request
@@ -73,16 +76,23 @@ def run(opts: Options) -> Result:
     concurrency = opts.extra.get("concurrency") or ([1, 32] if opts.quick else list(CONCURRENCY))
     if 32 not in concurrency:
         concurrency = sorted({*concurrency, 32})
-    duration = opts.extra.get("duration") or (0.5 if opts.quick else 6.0)
+    duration = opts.extra.get("duration") or (0.5 if opts.quick else 4.0)
+    rounds = opts.extra.get("rounds") or (1 if opts.quick else 2)
     warmup = 0.2 if opts.quick else 1.0
     texts = sentiment_texts()
-    points: dict[int, dict[int, LoadPoint]] = {}
-    provider = "unknown"
-    with subset_repository([folder]) as repo:
-        for batch in BATCH_SIZES:
-            with Server(repo, opts, env={"MAX_BATCH_SIZE": str(batch)}) as server:
-                provider = server.providers()
-                points[batch] = measure(server, texts, concurrency, duration, warmup)
+    runs: dict[int, dict[int, list[LoadPoint]]] = {b: {c: [] for c in concurrency} for b in BATCH_SIZES}
+    with subset_repository([folder]) as repo, contextlib.ExitStack() as stack:
+        # Both servers run side by side (an idle one costs nothing) and take turns, point by point, so
+        # that drift on a shared machine hits both alike.
+        servers = {
+            b: stack.enter_context(Server(repo, opts, env={"MAX_BATCH_SIZE": str(b)})) for b in BATCH_SIZES
+        }
+        provider = servers[32].providers()
+        for _ in range(rounds):
+            for c in concurrency:
+                for b, server in servers.items():
+                    runs[b][c] += measure(server, texts, [c], duration, warmup).values()
+    points = {b: {c: merge_points(ps) for c, ps in by_c.items()} for b, by_c in runs.items()}
 
     rows = [
         "| clients | batch 32: req/s | p50 ms | p95 ms | batch 1: req/s | p50 ms | p95 ms | speedup | "
@@ -91,24 +101,25 @@ def run(opts: Options) -> Result:
     ]
     metrics: dict[str, object] = {"model": folder.name, "duration_s": duration, "texts": len(texts)}
     for c in concurrency:
-        b, one = points[32][c], points[1][c]
-        speedup = ratio(b.rps, one.rps)
+        big, one = points[32][c], points[1][c]
+        speedup = ratio(big.rps, one.rps)
         metrics[f"batching_speedup_{c}"] = speedup
-        metrics[f"rps_batch32_c{c}"] = b.rps
+        metrics[f"rps_batch32_c{c}"] = big.rps
         metrics[f"rps_batch1_c{c}"] = one.rps
-        metrics[f"errors_c{c}"] = b.errors + one.errors
+        metrics[f"errors_c{c}"] = big.errors + one.errors
         rows.append(
-            f"| {c} | {b.rps:.1f} | {b.p(50) * 1e3:.1f} | {b.p(95) * 1e3:.1f} | {one.rps:.1f} | "
+            f"| {c} | {big.rps:.1f} | {big.p(50) * 1e3:.1f} | {big.p(95) * 1e3:.1f} | {one.rps:.1f} | "
             f"{one.p(50) * 1e3:.1f} | {one.p(95) * 1e3:.1f} | {speedup:.2f}x | "
-            f"{cores_used(b.server_cpu_s, b.seconds)} / {cores_used(one.server_cpu_s, one.seconds)} | "
-            f"{cores_used(b.client_cpu_s, b.seconds)} / {cores_used(one.client_cpu_s, one.seconds)} |"
+            f"{cores_used(big.server_cpu_s, big.seconds)} / {cores_used(one.server_cpu_s, one.seconds)} | "
+            f"{cores_used(big.client_cpu_s, big.seconds)} / {cores_used(one.client_cpu_s, one.seconds)} |"
         )
     errors = sum(p.errors for by_c in points.values() for p in by_c.values())
     details = [
         *rows,
         "",
         f"Model `{folder.name}`, one SST-2 validation sentence per request ({len(texts)} in rotation), "
-        f"`Cache-Control: no-cache`; {duration:g} s per point after {warmup:g} s of warm-up; closed loop "
+        f"`Cache-Control: no-cache, no-store`; {rounds} round(s) of {duration:g} s per point (after {warmup:g} s "
+        "of warm-up each), the two servers taking turns point by point; closed loop "
         f"(asyncio + uvloop, a minimal keep-alive HTTP/1.1 client, one connection per client). Non-200 answers: {errors}. Server and client share the machine: "
         "'cores' is CPU time over wall time of each process during the point.",
     ]

@@ -151,7 +151,8 @@ def run(opts: Options) -> Result:
         len(prompt),
         cached,
         recomputed,
-        f"{folder.name}: greedy decoding, {model.provider}, {opts.threads or 'all'} intra-op thread(s)",
+        f"{folder.name}: greedy decoding, {model.provider}, "
+        + (f"{opts.threads} intra-op thread(s)" if opts.threads else "one intra-op thread per core"),
     )
     metrics["plot"] = str(plot_path)
     details = [

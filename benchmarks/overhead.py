@@ -2,7 +2,7 @@
 
 Served: the real service (``serve_probe.py``: ``python -m service`` plus a log of every batch the
 classifier runs) at MAX_BATCH_SIZE=32, driven by 64 closed-loop clients sending one SST-2 sentence
-each (``Cache-Control: no-cache``), so that a full batch is always waiting while one computes.
+each (``Cache-Control: no-cache, no-store``), so that a full batch is always waiting while one computes.
 Raw: the batches that server formed, replayed in process with the same texts, the same ONNX Runtime
 settings and nothing else: tokenise (batch encode + truncation), pad, ``session.run``, softmax.
 served/raw < 1 is what HTTP, JSON, the queue and the event loop cost on top of the model.
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 
 from benchmarks.common import (
     BENCH_DIR,
-    NO_CACHE,
+    BYPASS_CACHE,
     PYTHON,
     Check,
     HTTPConnection,
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def classify_request(texts: list[str]) -> RequestFn:
     async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
-        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, NO_CACHE)
+        response = await conn.request("POST", "/v1/classify", {"text": texts[i % len(texts)]}, BYPASS_CACHE)
         return response.status, {}
 
     return request

@@ -19,7 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/response_cache.py` anywhere
 
 from benchmarks.common import (
-    NO_CACHE,
+    MISS,
     Check,
     HTTPConnection,
     Options,
@@ -54,20 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def measure(server: Server, path: str, body: dict[str, Any], misses: int, hits: int) -> dict[str, Any]:
     conn = HTTPConnection("127.0.0.1", server.port)
     try:
+        output_tokens = 0
 
         async def send(headers: dict[str, str] | None) -> tuple[float, bool]:
+            nonlocal output_tokens
             t0 = time.perf_counter()
             response = await conn.request("POST", path, body, headers)
             elapsed = time.perf_counter() - t0
             if response.status != 200:
                 raise RuntimeError(f"{path} answered {response.status}: {response.body[:300]!r}")
-            return elapsed, bool(response.json().get("cached"))
+            answer = response.json()
+            output_tokens = int(answer.get("usage", {}).get("output_tokens", 0))
+            return elapsed, bool(answer.get("cached"))
 
-        await send(NO_CACHE)  # warm-up, not timed
+        await send(MISS)  # warm-up, not timed
         miss = []
         miss_said_cached = 0
         for _ in range(misses):
-            seconds, cached = await send(NO_CACHE)
+            seconds, cached = await send(MISS)
             miss.append(seconds)
             miss_said_cached += cached
         await send(None)  # stores the answer (a cache may already hold it)
@@ -79,6 +83,7 @@ async def measure(server: Server, path: str, body: dict[str, Any], misses: int, 
     finally:
         await conn.close()
     return {
+        "output_tokens": output_tokens,
         "miss": miss,
         "hit": hit,
         "hits_cached": hit_cached,
@@ -102,8 +107,9 @@ def run(opts: Options) -> Result:
 
     metrics: dict[str, object] = {}
     rows = [
-        "| endpoint | request | miss p50 ms | miss p95 ms | hit p50 ms | hit p95 ms | speedup | hits saying cached |",
-        "|---|---|---|---|---|---|---|---|",
+        "| endpoint | request | output tokens | miss p50 ms | miss p95 ms | hit p50 ms | hit p95 ms | speedup | "
+        "hits saying cached |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     described = {
         "generate": f"greedy, max_new_tokens={generate['max_new_tokens']}",
@@ -116,7 +122,7 @@ def run(opts: Options) -> Result:
         metrics[f"cache_hit_p50_ms_{name}"] = median(f["hit"]) * 1e3
         metrics[f"cache_active_{name}"] = f["active"]
         rows.append(
-            f"| {name} | {described[name]} | {median(f['miss']) * 1e3:.1f} | {percentile(f['miss'], 95) * 1e3:.1f} | "
+            f"| {name} | {described[name]} | {f['output_tokens']} | {median(f['miss']) * 1e3:.1f} | {percentile(f['miss'], 95) * 1e3:.1f} | "
             f"{median(f['hit']) * 1e3:.2f} | {percentile(f['hit'], 95) * 1e3:.2f} | {speedup:.1f}x | "
             f"{f['hits_cached']}/{len(f['hit'])} |"
         )
