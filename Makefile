@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup models serve test lint format eval clean-models
+.PHONY: setup models serve test lint format eval clean-models loadtest bench soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -34,3 +34,22 @@ eval: setup
 
 clean-models:
 	rm -rf $(MODELS)
+
+# Load test against a private service and Redis (loadtests/README.md): make loadtest ARGS="--duration 60s --users 16"
+loadtest: setup
+	loadtests/run --models $(MODELS) $(ARGS)
+
+# Every benchmark, side by side, appended to benchmarks/RESULTS.md (about 15 minutes on 2 cores).
+bench: setup
+	$(PY) benchmarks/run_all.py --models $(MODELS) --json benchmarks/latest.json
+
+# Ten times the measured capacity for five minutes: the overload contract (README, "Overload and soak").
+soak: setup
+	$(PY) scripts/overload.py --models $(MODELS) --duration 300 --factor 10
+
+# Pin the service's dependencies, and audit the pins for known vulnerabilities.
+lock: setup
+	.venv/bin/pip-compile --quiet --strip-extras --no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
+
+audit: setup
+	.venv/bin/pip-audit -r requirements.lock --no-deps --disable-pip --progress-spinner off

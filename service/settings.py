@@ -60,7 +60,20 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(
         default=8192, ge=1, description="Padded-token budget per batch (longest x count)"
     )
-    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    max_queue_delay_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="Longest wait for a batch to fill while the model is idle (batches form anyway while "
+        "it computes; on CPU waiting only adds latency)",
+    )
+    batch_split_ratio: float = Field(
+        default=1.25,
+        ge=0,
+        description="Length-sorted sub-batches: a new one starts past ratio x the shortest (<= 1: off)",
+    )
+    batch_split_min_tokens: int = Field(
+        default=4, ge=1, description="Items up to ratio x this many tokens always share a sub-batch"
+    )
     max_queue_size: int = Field(default=256, ge=1, description="Waiting items per model; beyond it: 429")
     queue_timeout_s: float = Field(default=30.0, gt=0, description="Longest wait in a queue; beyond it: 503")
     max_in_flight_requests: int = Field(

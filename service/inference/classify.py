@@ -16,7 +16,7 @@ from service.tasks.images import ImageDecodeError, decode_image, to_pixel_values
 from service.tasks.text import pad_batch, truncate
 
 from .batched import BatchedPipeline
-from .encoding import EncodedText, encode_texts, feeds_for
+from .encoding import EncodedText, encode_texts, feeds_for, preprocess
 from .errors import InvalidInputError
 from .results import Classification, LabelScore, Outcome, Usage
 
@@ -56,7 +56,7 @@ class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
 
     async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        encoded = await asyncio.to_thread(self.encode, texts)
+        encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
         probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
         results = [
             top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
@@ -109,6 +109,7 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
     ) -> Outcome[Classification]:
         """``fields`` names each image's request field, so an undecodable one is reported by name."""
         self.batcher.admit(len(images))  # a full queue refuses before decoding is paid for
+        # Always in a thread: a few compressed bytes may still decode to MAX_IMAGE_PIXELS pixels.
         decoded = await asyncio.to_thread(self.decode, images, fields)
         probs = await self.infer(decoded, [self.cost] * len(decoded))
         results = [top_labels(p, self.labels, top_k) for p in probs]

@@ -12,7 +12,6 @@ are not tagged and the result says ``truncated``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from service.tasks.qa import QAWindow, Span, best_span, qa_windows
 from service.tasks.text import pad_batch
 
 from .batched import BatchedPipeline
-from .encoding import encode_texts, feeds_for
+from .encoding import encode_texts, feeds_for, preprocess
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
 
 
@@ -75,7 +74,7 @@ class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
     async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
         """``pairs`` are (question, context); offsets in the answers index into each context."""
         self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
-        windows = await asyncio.to_thread(self.windows, pairs)
+        windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
         costs = [len(w) * max(map(len, w)) for w in windows]
         spans = await self.infer(windows, costs)
         results = []
@@ -152,7 +151,7 @@ class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
 
     async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        tagged = await asyncio.to_thread(self.encode, texts)
+        tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
         logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))

@@ -21,6 +21,8 @@ def batch_policy(settings: Settings) -> BatchPolicy:
         max_queue_delay_ms=settings.max_queue_delay_ms,
         max_queue_size=settings.max_queue_size,
         queue_timeout_s=settings.queue_timeout_s,
+        split_ratio=settings.batch_split_ratio,
+        split_min_tokens=settings.batch_split_min_tokens,
     )
 
 

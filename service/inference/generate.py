@@ -23,7 +23,7 @@ from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
 
 from .batched import ModelPipeline
-from .encoding import encode_texts
+from .encoding import encode_texts, preprocess
 from .errors import InvalidInputError
 from .results import Generation, Outcome, Usage
 
@@ -126,7 +126,7 @@ class Generator(ModelPipeline):
     ) -> Outcome[Generation]:
         """All prompts decode concurrently in the engine's running batch; results in prompt order."""
         self.engine.admit(len(prompts))  # a full queue refuses before tokenisation is paid for
-        encoded = await asyncio.to_thread(self.encode, prompts, fields)
+        encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts, fields)
         self.engine.admit(len(prompts))  # all prompts or none: no await between here and the submits
         streams: list[GenerationStream] = []
         try:
@@ -151,7 +151,7 @@ class Generator(ModelPipeline):
     ) -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
         self.engine.admit(1)
-        (ids,) = await asyncio.to_thread(self.encode, [prompt], [field])
+        (ids,) = await preprocess(len(prompt), self.encode, [prompt], [field])
         self.engine.admit(1)
         return OpenStream(self._submit(ids, params, field, request_id), len(ids))
 

@@ -13,7 +13,6 @@ capped by MAX_NEW_TOKENS and by the model's own target length.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from service.engine.seq2seq import Hypothesis, Seq2SeqModel
 from service.tasks.text import truncate
 
 from .batched import BatchedPipeline
-from .encoding import encode_texts
+from .encoding import encode_texts, preprocess
 from .results import Outcome, Translation, TranslationSequence, Usage
 
 _DEFAULT_LIMIT_STEP = 16
@@ -126,7 +125,7 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
 
     async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        prepared = await asyncio.to_thread(self.prepare, texts, params)
+        prepared = await preprocess(sum(map(len, texts)), self.prepare, texts, params)
         items = [item for item, _ in prepared]
         outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])
         results = [
