@@ -14,11 +14,26 @@ from typing import Any
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def metric(url: str, name: str, exclude: dict[str, str] | None = None, **labels: str) -> float:
+    """Sum of the samples called ``name`` on ``url``/metrics whose labels include ``labels``
+    (and match none of ``exclude``)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+        and all(s.labels.get(k) == v for k, v in labels.items())
+        and not any(s.labels.get(k) == v for k, v in (exclude or {}).items())
+    )
 
 
 class LiveServer:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 from conftest import RedisServer
-from servers import LiveServer
+from servers import LiveServer, metric
 
 from service.cache import MemoryCache, response_key
 from service.engine.manifest import MANIFEST, content_version, file_sha256
@@ -189,17 +189,6 @@ def test_a_new_model_version_misses_the_old_entries(model_repo: Path, private_re
         assert post(client, "/v1/classify", TEXT)["cached"] is True
 
 
-def metric(client: httpx.Client, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(client.get("/metrics").text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
 def test_redis_down_serves_uncached_and_recovers(tiny_models: Path, private_redis: RedisServer) -> None:
     settings = settings_for(tiny_models, private_redis.url)
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=60) as client:
@@ -210,7 +199,7 @@ def test_redis_down_serves_uncached_and_recovers(tiny_models: Path, private_redi
         answers = [post(client, "/v1/classify", TEXT)["cached"] for _ in range(5)]
         answers += [post(client, "/v1/translate", TRANSLATE)["cached"] for _ in range(2)]
         assert answers == [False] * 7  # served, uncached, every one a 200
-        assert metric(client, "tserve_cache_errors_total", backend="redis") >= 7
+        assert metric(server.url, "tserve_cache_errors_total", backend="redis") >= 7
         ready = client.get("/health/ready")
         assert ready.status_code == 200 and ready.json()["cache"] == "degraded"
 

@@ -17,21 +17,10 @@ from typing import Any
 import httpx
 import onnx
 from conftest import RedisServer, free_port
-from prometheus_client.parser import text_string_to_metric_families
-from servers import ServiceProcess
+from servers import ServiceProcess, metric
 from tokenizers import Tokenizer
 
 from service.engine.manifest import MANIFEST, content_version, file_sha256
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def rehash(model_dir: Path) -> None:

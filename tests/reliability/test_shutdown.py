@@ -26,21 +26,14 @@ from typing import Any
 import httpx
 import pytest
 from conftest import free_port
-from prometheus_client.parser import text_string_to_metric_families
-from servers import ServiceProcess
+from servers import ServiceProcess, metric
 
 BATCHED = 6
 STREAMS = 4
 
 
 def in_flight(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "tserve_http_requests_in_flight" and s.labels.get("route") != "/metrics"
-    )
+    return metric(url, "tserve_http_requests_in_flight", exclude={"route": "/metrics"})
 
 
 def stream(url: str, prompt: str, first_token: threading.Event) -> dict[str, Any]:
