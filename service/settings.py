@@ -117,7 +117,10 @@ class Settings(BaseSettings):
         default=None, repr=False, description="Redis response cache; unset: in-process LRU"
     )
     cache_ttl_s: float = Field(default=3600.0, gt=0, description="Lifetime of a cached response")
-    cache_max_entries: int = Field(default=10000, ge=1, description="Size bound of the in-process LRU")
+    cache_max_entries: int = Field(default=10000, ge=1, description="Entries in the in-process LRU at most")
+    cache_max_bytes: int = Field(
+        default=256 * MiB, ge=1, description="Bytes of cached responses in the in-process LRU at most"
+    )
     cache_key_prefix: str = Field(default="tserve", min_length=1, description="Namespace of the Redis keys")
     redis_timeout_s: float = Field(
         default=0.25, gt=0, description="Socket connect/read timeout per Redis call: a slow Redis is down"

@@ -51,6 +51,23 @@ def test_memory_cache_is_an_lru_with_a_ttl() -> None:
     asyncio.run(scenario())
 
 
+def test_memory_cache_is_bounded_in_bytes_too() -> None:
+    cache = MemoryCache(max_entries=100, max_bytes=10)
+
+    async def scenario() -> None:
+        await cache.set("a", b"1234", ttl_s=10)
+        await cache.set("b", b"5678", ttl_s=10)
+        await cache.set("c", b"90ab", ttl_s=10)  # 12 bytes > 10: the oldest goes
+        assert await cache.get("a") is None and await cache.get("c") == b"90ab"
+        assert cache.bytes == 8
+        await cache.set("b", b"x", ttl_s=10)  # replacing an entry gives its bytes back
+        assert cache.bytes == 5
+        await cache.set("huge", b"z" * 11, ttl_s=10)  # larger than the whole cache: not stored
+        assert await cache.get("huge") is None and len(cache) == 2
+
+    asyncio.run(scenario())
+
+
 def test_keys_cover_model_version_task_and_every_parameter() -> None:
     base = response_key("p", "m", "v1", "translation", {"texts": ["x"], "beam_size": 1})
     assert base == response_key("p", "m", "v1", "translation", {"beam_size": 1, "texts": ["x"]})

@@ -21,7 +21,7 @@ def build_backend(settings: Settings, errors: ErrorCounter | None = None) -> Cac
             log_interval_s=settings.cache_error_log_interval_s,
             errors=errors,
         )
-    return MemoryCache(settings.cache_max_entries)
+    return MemoryCache(settings.cache_max_entries, settings.cache_max_bytes)
 
 
 __all__ = [

@@ -43,16 +43,18 @@ class ErrorCounter(Protocol):
 
 
 class MemoryCache:
-    """An LRU of at most ``max_entries`` entries, each expiring ``ttl_s`` after it was stored.
-
-    Single event loop, no awaits inside: no lock needed.
-    """
+    """An LRU of at most ``max_entries`` entries and ``max_bytes`` of stored values, each expiring
+    ``ttl_s`` after it was stored. Single event loop, no awaits inside: no lock needed."""
 
     kind = "memory"
 
-    def __init__(self, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_entries: int, max_bytes: int = 1 << 62, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         assert max_entries >= 1, "max_entries must be at least 1"
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()  # key -> (expires_at, value)
 
@@ -65,22 +67,31 @@ class MemoryCache:
             return None
         expires_at, value = entry
         if self._clock() >= expires_at:
-            del self._entries[key]
+            self._drop(key)
             return None
         self._entries.move_to_end(key)
         return value
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+        if len(value) > self.max_bytes:
+            return  # would evict everything else and still not fit
+        if key in self._entries:
+            self._drop(key)
         self._entries[key] = (self._clock() + ttl_s, value)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self.bytes += len(value)
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))  # the least recently used
+
+    def _drop(self, key: str) -> None:
+        _, value = self._entries.pop(key)
+        self.bytes -= len(value)
 
     async def status(self) -> str:
         return "ok"
 
     async def close(self) -> None:
         self._entries.clear()
+        self.bytes = 0
 
 
 class RedisCache:
