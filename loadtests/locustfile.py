@@ -77,9 +77,10 @@ CACHE_COUNTS: dict[str, list[int]] = {}
 
 
 # Prompts must leave room for the completion in the generation model's context (a longer prompt is a
-# 422). The context length comes from GET /v1/models; tokens are estimated from characters, conservatively
-# (byte-level BPE on this text runs about 4 characters per token).
-CHARS_PER_TOKEN = 2.0
+# 422). The context length comes from GET /v1/models. A byte-level BPE never makes more tokens than
+# bytes, and the prompts are ASCII, so one character per token is a bound, not a guess (a small
+# vocabulary, like the tiny test model's, gets close to it).
+CHARS_PER_TOKEN = 1.0
 _fitted_prompts: list[str] | None = None
 
 
