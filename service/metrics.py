@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import multiprocess as prometheus_multiprocess
@@ -48,145 +49,104 @@ class Metrics:
         batch_tokens_buckets: Sequence[float],
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(name, doc, labels, namespace=NAMESPACE, registry=self.registry)
+
+        def gauge(
+            name: str, doc: str, labels: list[str], mode: Literal["livesum", "max"] = "livesum"
+        ) -> Gauge:
+            return Gauge(
+                name, doc, labels, namespace=NAMESPACE, registry=self.registry, multiprocess_mode=mode
+            )
+
+        def histogram(name: str, doc: str, labels: list[str], buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, labels, namespace=NAMESPACE, buckets=buckets, registry=self.registry)
+
         by_request = ["route", "method", "model", "status"]
+        model = ["model"]
 
         # --- HTTP ---------------------------------------------------------------------------
-        self.http_requests = Counter(
-            "http_requests", "HTTP requests answered", by_request, namespace=NAMESPACE, registry=r
-        )
-        self.http_latency = Histogram(
+        self.http_requests = counter("http_requests", "HTTP requests answered", by_request)
+        self.http_latency = histogram(
             "http_request_duration_seconds",
             "Time from request start to the end of the response body (streams included)",
             by_request,
-            namespace=NAMESPACE,
-            buckets=latency_buckets,
-            registry=r,
+            latency_buckets,
         )
-        self.http_in_flight = Gauge(
-            "http_requests_in_flight",
-            "HTTP requests being answered",
-            ["route"],
-            namespace=NAMESPACE,
-            multiprocess_mode="livesum",
-            registry=r,
-        )
+        self.http_in_flight = gauge("http_requests_in_flight", "HTTP requests being answered", ["route"])
 
         # --- queues and batches ---------------------------------------------------------------
-        self.queue_seconds = Histogram(
+        self.queue_seconds = histogram(
             "queue_duration_seconds",
             "Time an item waited in a model's queue before its batch ran",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=latency_buckets,
-            registry=r,
+            model,
+            latency_buckets,
         )
-        self.compute_seconds = Histogram(
+        self.compute_seconds = histogram(
             "compute_duration_seconds",
             "Model compute time per batch (generation: per prefill or decoding step)",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=latency_buckets,
-            registry=r,
+            model,
+            latency_buckets,
         )
-        self.batch_size = Histogram(
-            "batch_size",
-            "Items per model call (generation: sequences per step)",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=batch_size_buckets,
-            registry=r,
+        self.batch_size = histogram(
+            "batch_size", "Items per model call (generation: sequences per step)", model, batch_size_buckets
         )
-        self.batch_tokens = Histogram(
-            "batch_tokens",
-            "Padded tokens per model call (longest x count)",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=batch_tokens_buckets,
-            registry=r,
+        self.batch_tokens = histogram(
+            "batch_tokens", "Padded tokens per model call (longest x count)", model, batch_tokens_buckets
         )
-        self.queue_depth = Gauge(
-            "queue_depth",
-            "Items (generation: requests) waiting in a model's queue",
-            ["model"],
-            namespace=NAMESPACE,
-            multiprocess_mode="livesum",
-            registry=r,
+        self.queue_depth = gauge(
+            "queue_depth", "Items (generation: requests) waiting in a model's queue", model
         )
-        self.model_in_flight = Gauge(
-            "model_in_flight",
-            "Items in the batch being computed (generation: sequences running)",
-            ["model"],
-            namespace=NAMESPACE,
-            multiprocess_mode="livesum",
-            registry=r,
+        self.model_in_flight = gauge(
+            "model_in_flight", "Items in the batch being computed (generation: sequences running)", model
         )
-        self.rejected = Counter(
+        self.rejected = counter(
             "requests_rejected",
             "Requests or items refused before reaching the model (queue_full, timeout, closed)",
             ["model", "reason"],
-            namespace=NAMESPACE,
-            registry=r,
         )
-        self.dropped = Counter(
+        self.dropped = counter(
             "requests_dropped",
             "Items or sequences dropped because their client went away (client_disconnected)",
             ["model", "reason"],
-            namespace=NAMESPACE,
-            registry=r,
         )
 
         # --- generation ----------------------------------------------------------------------
-        self.generated_tokens = Counter(
-            "generated_tokens", "Tokens generated", ["model"], namespace=NAMESPACE, registry=r
-        )
-        self.time_to_first_token = Histogram(
+        self.generated_tokens = counter("generated_tokens", "Tokens generated", model)
+        self.time_to_first_token = histogram(
             "time_to_first_token_seconds",
             "Time from admission to a sequence's first token",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=latency_buckets,
-            registry=r,
+            model,
+            latency_buckets,
         )
-        self.time_per_output_token = Histogram(
+        self.time_per_output_token = histogram(
             "time_per_output_token_seconds",
             "Time between consecutive tokens of a sequence (inter-token latency)",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=latency_buckets,
-            registry=r,
+            model,
+            latency_buckets,
         )
-        self.generations = Counter(
+        self.generations = counter(
             "generations",
             "Finished sequences by finish reason (length, stop, eos)",
             ["model", "finish_reason"],
-            namespace=NAMESPACE,
-            registry=r,
         )
 
         # --- response cache ------------------------------------------------------------------
-        self.cache_hits = Counter(
-            "cache_hits", "Responses answered from the cache", ["model"], namespace=NAMESPACE, registry=r
-        )
-        self.cache_misses = Counter(
-            "cache_misses", "Cache look-ups that found nothing", ["model"], namespace=NAMESPACE, registry=r
-        )
-        self.cache_errors = Counter(
+        self.cache_hits = counter("cache_hits", "Responses answered from the cache", model)
+        self.cache_misses = counter("cache_misses", "Cache look-ups that found nothing", model)
+        self.cache_errors = counter(
             "cache_errors",
             "Cache calls that failed, or were skipped while the backend is down (served uncached)",
             ["backend", "operation"],
-            namespace=NAMESPACE,
-            registry=r,
         )
 
         # --- what is served ------------------------------------------------------------------
-        self.model_info = Gauge(
+        self.model_info = gauge(
             "model_info",
             "A loaded model (always 1): its version and the execution provider its session got",
             ["model", "version", "task", "execution_provider"],
-            namespace=NAMESPACE,
-            multiprocess_mode="max",
-            registry=r,
+            mode="max",
         )
 
     @classmethod
