@@ -117,23 +117,17 @@ def _cors(settings: Settings) -> CORSConfig | None:
 
 
 def _openapi(keys: ApiKeys) -> OpenAPIConfig:
-    security: dict[str, object] = {}
-    if keys.enabled:
-        security = {
-            "components": Components(
-                security_schemes={
-                    "bearer": SecurityScheme(type="http", scheme="bearer"),
-                    "apiKey": SecurityScheme(type="apiKey", name="X-API-Key", security_scheme_in="header"),
-                }
-            ),
-            "security": [{"bearer": []}, {"apiKey": []}],
-        }
+    schemes: dict[str, SecurityScheme | Reference] = {
+        "bearer": SecurityScheme(type="http", scheme="bearer"),
+        "apiKey": SecurityScheme(type="apiKey", name="X-API-Key", security_scheme_in="header"),
+    }
     return OpenAPIConfig(
         title="Transformer serving",
         version=API_VERSION,
         description="Translation, classification (text and images), generation, QA and entities over "
         'ONNX Runtime. Every error answers {"error": {type, message, field, request_id, errors}}.',
-        **security,  # type: ignore[arg-type]
+        components=Components(security_schemes=schemes if keys.enabled else None),
+        security=[{name: []} for name in schemes] if keys.enabled else None,
     )
 
 

@@ -202,12 +202,23 @@ _REJECT = {
 }
 
 
-class BatcherMetrics:
-    """A DynamicBatcher's observer (service.engine.batcher.BatcherObserver)."""
+class _ModelObserver:
+    """What both engine observers share: the model's label, and refusals sorted into rejected / dropped."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._m = metrics
         self._model = model
+
+    def on_reject(self, reason: str) -> None:
+        kind, label = _REJECT.get(reason, ("rejected", reason))
+        getattr(self._m, kind).labels(self._model, label).inc()
+
+
+class BatcherMetrics(_ModelObserver):
+    """A DynamicBatcher's observer (service.engine.batcher.BatcherObserver)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        super().__init__(metrics, model)
         self._queue_seconds = metrics.queue_seconds.labels(model)
         self._compute_seconds = metrics.compute_seconds.labels(model)
         self._batch_size = metrics.batch_size.labels(model)
@@ -220,10 +231,6 @@ class BatcherMetrics:
 
     def on_dequeue(self, depth: int) -> None:
         self._depth.set(depth)
-
-    def on_reject(self, reason: str) -> None:
-        kind, label = _REJECT.get(reason, ("rejected", reason))
-        getattr(self._m, kind).labels(self._model, label).inc()
 
     def on_batch(
         self, size: int, padded_tokens: int, queue_seconds: list[float], compute_seconds: float
@@ -238,12 +245,11 @@ class BatcherMetrics:
         self._in_flight.set(items)
 
 
-class GenerationMetrics:
+class GenerationMetrics(_ModelObserver):
     """A GenerationEngine's observer (service.engine.generation.GenerationObserver)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
-        self._m = metrics
-        self._model = model
+        super().__init__(metrics, model)
         self._tokens = metrics.generated_tokens.labels(model)
         self._ttft = metrics.time_to_first_token.labels(model)
         self._tpot = metrics.time_per_output_token.labels(model)
@@ -268,11 +274,7 @@ class GenerationMetrics:
         self._m.generations.labels(self._model, reason).inc()
 
     def on_cancel(self) -> None:
-        self._m.dropped.labels(self._model, "client_disconnected").inc()
-
-    def on_reject(self, reason: str) -> None:
-        kind, label = _REJECT.get(reason, ("rejected", reason))
-        getattr(self._m, kind).labels(self._model, label).inc()
+        self.on_reject("cancelled")
 
     def on_depth(self, waiting: int, running: int) -> None:
         self._depth.set(waiting)

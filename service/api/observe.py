@@ -54,9 +54,10 @@ def observe_requests(
                 await app(scope, receive, send)
                 return
             route = scope.get("path_template") or "unmatched"
+            method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
             if lifecycle.in_flight >= max_in_flight and not route.startswith(_ALWAYS_ANSWERED):
                 # Past the model queues' own bounds: refuse before the body is even read.
-                metrics.http_requests.labels(route, scope.get("method", ""), "", "503").inc()
+                children(route, method, "", 503)[0].inc()
                 await send_error(
                     scope,
                     send,
@@ -67,7 +68,6 @@ def observe_requests(
                     headers={"Retry-After": "1"},
                 )
                 return
-            method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
             context = RequestContext(request_id=str((scope.get("state") or {}).get(STATE_KEY, "")))
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500

@@ -209,9 +209,8 @@ class Seq2SeqModel:
                 break
             past = [p[source_rows] for p in past]
             tokens, beam_logprob, beam_tokens = next_tokens, next_logprob, next_beam_tokens
-        for row in np.flatnonzero(
-            ~closed
-        ).tolist():  # cut by the length limit: live beams compete with finished ones
+        # Rows cut by the length limit: their live beams compete with the finished ones.
+        for row in np.flatnonzero(~closed).tolist():
             for b in range(k):
                 if np.isfinite(beam_logprob[row, b]):
                     finished[row].add(beam_tokens[row][b], float(beam_logprob[row, b]), False)

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from service.cache import CacheBackend, response_key
 
+from .batched import ModelPipeline
 from .results import Outcome, Usage
 
 log = logging.getLogger(__name__)
@@ -86,18 +87,19 @@ class ResponseCache:
 
     async def get_or_compute(
         self,
+        pipeline: ModelPipeline,
         *,
-        model: str,
-        version: str,
-        task: str,
         request: Mapping[str, Any],
         result_type: type[R],
         control: CacheControl,
         compute: Callable[[], Awaitable[Outcome[R]]],
     ) -> Outcome[R]:
+        """``pipeline``'s answer to ``request``: from the cache (keyed by its name, version and task), or
+        computed (and stored, unless ``control`` says otherwise)."""
         if self.backend is None or not (control.lookup or control.store):
             return await compute()
-        key = response_key(self.prefix, model, version, task, request)
+        model, version = pipeline.name, pipeline.model.version
+        key = response_key(self.prefix, model, version, pipeline.task, request)
         if control.lookup:
             hit = self._decode(await self.backend.get(key), model, version, result_type)
             if hit is not None:

@@ -102,9 +102,7 @@ class InferenceService:
         self.check_ready()
         pipeline = self.registry.resolve(Translator, model, input_field)
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"texts": list(texts), **asdict(params)},
             result_type=Translation,
             control=cache,
@@ -122,9 +120,7 @@ class InferenceService:
         self.check_ready()
         pipeline = self.registry.resolve(TextClassifier, model, input_field)
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"texts": list(texts), "top_k": top_k},
             result_type=Classification,
             control=cache,
@@ -144,9 +140,7 @@ class InferenceService:
         self.check_ready()
         pipeline = self.registry.resolve(ImageClassifier, model, input_field)
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"images": [blob_digest(image) for image in images], "top_k": top_k},
             result_type=Classification,
             control=cache,
@@ -163,9 +157,7 @@ class InferenceService:
         self.check_ready()
         pipeline = self.registry.resolve(QuestionAnswerer, model, input_field)
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"pairs": [list(pair) for pair in pairs]},
             result_type=Answer,
             control=cache,
@@ -182,9 +174,7 @@ class InferenceService:
         self.check_ready()
         pipeline = self.registry.resolve(EntityTagger, model, input_field)
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"texts": list(texts)},
             result_type=Entities,
             control=cache,
@@ -206,9 +196,7 @@ class InferenceService:
         pipeline = self.registry.resolve(Generator, model, input_field)
         deterministic = params.temperature == 0 or params.seed is not None
         return await self.cache.get_or_compute(
-            model=pipeline.name,
-            version=pipeline.model.version,
-            task=pipeline.task,
+            pipeline,
             request={"prompts": list(prompts), **asdict(params)},
             result_type=Generation,
             control=cache if deterministic else BYPASS,
