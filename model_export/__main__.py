@@ -20,6 +20,7 @@ from typing import Any
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from .data import resolve_data_dir
+from .machine import describe as describe_machine
 from .profiles import MODEL_NAMES, PROFILES, profile_settings
 
 log = logging.getLogger("model_export")
@@ -35,15 +36,20 @@ def _names(value: str | None) -> list[str]:
     return names
 
 
-def _budgets(value: str | None) -> dict[str, float]:
-    """--budget translator=600,gpt=120 -> seconds per model."""
-    out: dict[str, float] = {}
+def _per_model(value: str | None, flag: str, kind: type) -> dict[str, Any]:
+    """--steps translator=4000,gpt=1200 -> {name: value} (names checked against the served models)."""
+    out: dict[str, Any] = {}
     for item in (value or "").split(","):
         if item.strip():
-            name, _, seconds = item.partition("=")
-            if name.strip() not in MODEL_NAMES or not seconds:
-                raise SystemExit(f"--budget wants NAME=SECONDS with NAME in {MODEL_NAMES}, got {item!r}")
-            out[name.strip()] = float(seconds)
+            name, _, number = item.partition("=")
+            try:
+                if name.strip() not in MODEL_NAMES:
+                    raise ValueError
+                out[name.strip()] = kind(number)
+            except ValueError:
+                raise SystemExit(
+                    f"{flag} wants NAME=NUMBER with NAME in {MODEL_NAMES}, got {item!r}"
+                ) from None
     return out
 
 
@@ -68,8 +74,20 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--init-from", help="Hugging Face BERT checkpoint directory for the BERT encoder")
-        p.add_argument("--budget", help="training seconds per model, e.g. translator=600,gpt=120")
-        p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every training budget")
+        p.add_argument(
+            "--steps", help="optimizer steps per model, overriding the profile, e.g. translator=3000"
+        )
+        p.add_argument(
+            "--steps-scale",
+            type=float,
+            default=1.0,
+            help="multiply every model's step budget (warmup stays, capped at a fifth of the steps)",
+        )
+        p.add_argument(
+            "--max-minutes",
+            type=float,
+            help="wall-clock guard for the whole build: models stop early, marked under-trained, when it runs out",
+        )
         p.add_argument(
             "--device",
             default="cpu",
@@ -92,11 +110,14 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
     from .builders.common import BuildContext
 
     data_dir = resolve_data_dir(args.data_dir)
-    budgets = _budgets(args.budget)
+    steps = _per_model(args.steps, "--steps", int)
+    if args.steps_scale <= 0:
+        raise SystemExit("--steps-scale must be positive")
     contexts = []
     for name in _names(args.models):
         settings = profile_settings(args.profile, name)
-        settings["budget_s"] = budgets.get(name, settings["budget_s"]) * args.budget_scale
+        settings["steps"] = max(1, round(steps.get(name, settings["steps"]) * args.steps_scale))
+        settings["warmup_steps"] = max(1, min(settings["warmup_steps"], settings["steps"] // 5))
         init_from = Path(args.init_from) if args.init_from else None
         contexts.append(
             BuildContext(name, data_dir, Path(args.out), args.profile, settings, args.seed, init_from)
@@ -153,18 +174,33 @@ def main(argv: list[str] | None = None) -> int:
 
     from .builders import BUILDERS
     from .builders.common import Trained, export_model
+    from .estimate import deadline_share, estimate, report
+    from .machine import cpu_model
     from .training import configure_threads, seed_everything
 
-    configure_threads()
+    threads = configure_threads()
     contexts = _contexts(args)
+    trains = args.command in ("all", "train")
+    jobs = []
+    if trains:
+        for ctx in contexts:
+            seed_everything(ctx.seed)  # the same weights whichever other models share the build
+            jobs.append(BUILDERS[ctx.name][0](ctx))
+        estimates = estimate(jobs, export_and_evaluate=args.command == "all")
+        print(report(estimates, cpu_model(), threads, args.max_minutes), file=sys.stderr, flush=True)
     built = []
-    for ctx in contexts:
-        train_fn, graphs_fn = BUILDERS[ctx.name]
+    for i, ctx in enumerate(contexts):
+        graphs_fn = BUILDERS[ctx.name][1]
         t0 = time.perf_counter()
         checkpoint = ctx.work_dir / "trained.pt"
-        if args.command in ("all", "train"):
+        if trains:
+            job = jobs[i]
+            if args.max_minutes is not None:
+                remaining = 60 * args.max_minutes - (time.perf_counter() - start)
+                job.spec.deadline_s = deadline_share(remaining, estimates[i], estimates[i + 1 :])
             seed_everything(ctx.seed)
-            trained = train_fn(ctx)
+            trained = job.run()
+            trained.training["machine"] = describe_machine(threads)
             trained.save(checkpoint)
         else:
             trained = Trained.load(checkpoint)

@@ -32,7 +32,7 @@ from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, loa
 log = logging.getLogger(__name__)
 
 METRIC_KEYS = {
-    "translator": ["bleu"],
+    "translator": ["bleu", "chrf"],
     "bert-classifier": ["accuracy"],
     "bert-qa": ["exact_match", "f1"],
     "bert-tagger": ["entity_f1"],
@@ -74,6 +74,7 @@ def evaluate_translator(
     hypotheses = [hyps[i] for i in range(len(pairs))]
     return {
         "bleu": metrics.corpus_bleu(hypotheses, [de for _, de in pairs]),
+        "chrf": metrics.corpus_chrf(hypotheses, [de for _, de in pairs]),
         "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, length penalty 1.0",
         "samples": [
             {"source": pairs[i][0], "reference": pairs[i][1], "hypothesis": hypotheses[i]} for i in range(3)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import DecoderLayer, KeyValue, LearnedPositionalEmbedding, decoder_self_mask
+from .layers import DecoderLayer, KeyValue, LearnedPositionalEmbedding, decoder_self_mask, init_weights
 
 
 @dataclass
@@ -34,8 +34,8 @@ class GPT(nn.Module):
         )
         self.norm = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # weight tying
-        self.apply(_init_weights)
+        self.apply(init_weights)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying: the embedding's N(0, 0.02) init stands
 
     def forward(
         self,
@@ -61,10 +61,3 @@ class GPT(nn.Module):
             x, present = layer(x, mask, past=past[i] if past is not None else None)
             presents.append(present)
         return self.lm_head(self.norm(x)), presents
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)

@@ -1,8 +1,11 @@
-"""One training loop for every model: AdamW with warmup, a time budget, a progress bar and a loss curve.
+"""One training loop for every model: AdamW, a step budget with its schedule, a progress bar and a loss curve.
 
-The schedule decays by whichever runs out first, steps or the time budget,
-so a model given 5 minutes ends its run at a low learning rate instead of
-being cut off mid-schedule.
+Every model trains for a fixed number of optimizer steps, and the learning
+rate (linear warmup, then cosine decay to `min_lr_ratio`) is a function of
+the step alone. A slower or busier machine therefore takes longer and builds
+the same model; it never builds a worse one. The only thing measured in
+seconds is the optional guard `deadline_s` (`--max-minutes`), which stops a
+run early and marks the result as under-trained.
 """
 
 from __future__ import annotations
@@ -27,19 +30,30 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainSpec:
-    max_steps: int
-    time_budget_s: float
+    steps: int
     lr: float
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     min_lr_ratio: float = 0.05
     device: str = "cpu"
+    deadline_s: float | None = None  # wall-clock guard (seconds from the start of this run); None = none
+
+    def learning_rate(self, step: int) -> float:
+        """The rate for optimizer step `step` (0-based): warmup, then cosine decay over the step budget."""
+        warm = min(1.0, (step + 1) / max(1, self.warmup_steps))
+        progress = min(1.0, step / max(1, self.steps))
+        return (
+            self.lr
+            * warm
+            * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        )
 
 
 @dataclass
 class TrainResult:
     steps: int
+    planned_steps: int
     seconds: float
     examples: int
     units: int
@@ -47,11 +61,18 @@ class TrainResult:
     final_loss: float
     losses: list[float] = field(default_factory=list)
 
+    @property
+    def under_trained(self) -> bool:
+        return self.steps < self.planned_steps
+
     def summary(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
+            "planned_steps": self.planned_steps,
+            "under_trained": self.under_trained,
             "seconds": round(self.seconds, 1),
             "examples_seen": self.examples,
+            f"{self.unit}_seen": self.units,
             f"{self.unit}_per_second": round(self.units / max(self.seconds, 1e-9), 1),
             "final_loss": round(self.final_loss, 4),
         }
@@ -63,8 +84,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def configure_threads() -> None:
-    torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", os.cpu_count() or 1)))
+def configure_threads() -> int:
+    """Torch's intra-op threads: TORCH_NUM_THREADS, else one per logical CPU. Same threads, same weights."""
+    threads = int(os.environ.get("TORCH_NUM_THREADS", os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    return threads
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -78,6 +102,30 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def optimizer_for(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(_param_groups(model, spec.weight_decay), lr=spec.lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]],
+    spec: TrainSpec,
+    lr: float,
+) -> tuple[float, int, int]:
+    """One optimizer step at learning rate `lr`: (loss, examples, units)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, n_examples, n_units = loss_fn(model, to_device(batch, spec.device))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if spec.grad_clip:
+        nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+    optimizer.step()
+    return float(loss.detach()), n_examples, n_units
+
+
 def train(
     model: nn.Module,
     batches: Iterator[Any],
@@ -87,72 +135,56 @@ def train(
     unit: str = "tokens",
     curve_path: Path | None = None,
 ) -> TrainResult:
-    """Train until `max_steps` or `time_budget_s`, whichever comes first.
+    """Train for `spec.steps` optimizer steps (fewer only if the `deadline_s` guard fires).
 
     `loss_fn(model, batch)` returns (loss, examples in the batch, units in the
     batch) where units are what throughput is counted in (tokens, images).
     """
     model.to(spec.device).train()
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, spec.weight_decay), lr=spec.lr, betas=(0.9, 0.98), eps=1e-8
-    )
+    optimizer = optimizer_for(model, spec)
     losses: list[float] = []
     examples = units = step = 0
     start = time.perf_counter()
-    # The bar counts progress in thousandths of whichever limit binds first (steps or time budget),
-    # so its ETA is the real time left.
     bar = tqdm(
-        total=1000,
+        total=spec.steps,
         desc=desc,
-        unit="‰",
+        unit="step",
         dynamic_ncols=True,
         mininterval=2.0,
-        bar_format="{l_bar}{bar}| [{elapsed}<{remaining}{postfix}]",
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
     )
     ema = None
-    while step < spec.max_steps:
+    while step < spec.steps:
         elapsed = time.perf_counter() - start
-        if elapsed >= spec.time_budget_s:
-            log.info("%s: time budget of %.0fs reached after %d steps", desc, spec.time_budget_s, step)
+        if spec.deadline_s is not None and step > 0 and elapsed >= spec.deadline_s:  # at least one step
+            log.warning(
+                "%s: the --max-minutes guard stopped training after %d of %d steps (%.0f s): "
+                "this model is UNDER-TRAINED and its manifest says so",
+                desc,
+                step,
+                spec.steps,
+                elapsed,
+            )
             break
-        progress = max(step / spec.max_steps, elapsed / spec.time_budget_s)
-        # Warmup ends after warmup_steps or 5% of the time budget, whichever comes first: on a slow
-        # machine a time-limited run may only make a few hundred steps in all.
-        lr = spec.lr * min(
-            1.0, max((step + 1) / max(1, spec.warmup_steps), elapsed / (0.05 * spec.time_budget_s))
-        )
-        lr *= spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
-        loss, n_examples, n_units = loss_fn(model, to_device(next(batches), spec.device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if spec.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        optimizer.step()
-
+        lr = spec.learning_rate(step)
+        value, n_examples, n_units = train_step(model, optimizer, next(batches), loss_fn, spec, lr)
         step += 1
         examples += n_examples
         units += n_units
-        value = float(loss.detach())
         losses.append(value)
         ema = value if ema is None else 0.98 * ema + 0.02 * value
-        elapsed = time.perf_counter() - start
-        done = int(1000 * min(1.0, max(step / spec.max_steps, elapsed / spec.time_budget_s)))
         bar.set_postfix(
-            step=step,
             loss=f"{ema:.3f}",
             lr=f"{lr:.1e}",
-            **{f"{unit}/s": f"{units / elapsed:.0f}"},
+            **{f"{unit}/s": f"{units / (time.perf_counter() - start):.0f}"},
             refresh=False,
         )
-        bar.update(done - bar.n)
+        bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
     model.cpu().eval()  # export and checkpoints work on CPU tensors
     tail = losses[-50:] or [float("nan")]
-    result = TrainResult(step, seconds, examples, units, unit, float(np.mean(tail)), losses)
+    result = TrainResult(step, spec.steps, seconds, examples, units, unit, float(np.mean(tail)), losses)
     if curve_path is not None:
         save_curve(losses, curve_path, desc)
     return result

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .gpt import _init_weights
 from .layers import (
     DecoderLayer,
     EncoderLayer,
     KeyValue,
     SinusoidalPositionalEncoding,
     decoder_self_mask,
+    init_weights,
     padding_mask,
 )
 
@@ -60,7 +60,7 @@ class Translator(nn.Module):
         )
         self.decoder_norm = nn.LayerNorm(d)
         self.generator = nn.Linear(d, config.vocab_size, bias=False)
-        self.apply(_init_weights)
+        self.apply(init_weights)
         nn.init.normal_(self.embed.weight, mean=0.0, std=d**-0.5)
         self.generator.weight = self.embed.weight  # tied input/output embeddings
 

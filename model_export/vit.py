@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .gpt import _init_weights
-from .layers import EncoderLayer
+from .layers import EncoderLayer, init_weights
 
 
 @dataclass
@@ -53,7 +52,7 @@ class ViT(nn.Module):
         )
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.num_classes)
-        self.apply(_init_weights)
+        self.apply(init_weights)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values (B, C, H, W), normalised as in training -> logits (B, num_classes)."""

@@ -12,6 +12,36 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-export,dev,load}
 
+# Run a command as root: directly when we are root, through sudo otherwise. The environment goes through
+# `env` so that it is an argument, never the command word (`$sudo VAR=x cmd` breaks when $sudo is empty).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "setup: need root to run '$*' and sudo is not installed" >&2
+    return 1
+  fi
+}
+
+# Install the Debian packages among "$@" that are not installed yet.
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing ${missing[*]} with apt-get" >&2
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# `scripts/setup.sh --apt-install PKG...` runs only the apt branch (what tests/test_setup.py exercises).
+if [ "${1:-}" = "--apt-install" ]; then
+  shift
+  apt_install "$@"
+  exit 0
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -22,15 +52,6 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-apt_install() {
-  local missing=()
-  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  local sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing ${missing[*]} with apt-get" >&2
-  $sudo apt-get update -qq && $sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 command -v promtool >/dev/null 2>&1 || apt_install prometheus
 

@@ -10,6 +10,7 @@ from model_export.data import SquadExample
 from model_export.metrics import (
     bits_per_char,
     corpus_bleu,
+    corpus_chrf,
     entity_f1,
     entity_spans,
     exact_match,
@@ -40,6 +41,22 @@ def test_bleu_partial_between() -> None:
 def test_bleu_length_mismatch() -> None:
     with pytest.raises(ValueError):
         corpus_bleu(["a"], ["a", "b"])
+
+
+# --- chrF ----------------------------------------------------------------------------
+
+
+def test_chrf_separates_poor_from_unrelated() -> None:
+    """The reason it is reported: a translation with the right words badly put scores far above
+    fluent German that has nothing to do with the source, while BLEU calls both near zero."""
+    refs = ["Ein kleiner Hund rennt über eine grüne Wiese.", "Zwei Männer spielen Fußball im Park."]
+    poor = ["Hund klein rennt Wiese grün über.", "Männer zwei Fußball Park spielen."]
+    unrelated = ["Eine Frau sitzt auf einer Bank.", "Ein Mädchen liest ein Buch am Strand."]
+    assert corpus_chrf(refs, refs) == pytest.approx(100.0)
+    assert corpus_bleu(poor, refs) < 15 and corpus_bleu(unrelated, refs) < 15
+    assert corpus_chrf(poor, refs) > corpus_chrf(unrelated, refs) + 20
+    with pytest.raises(ValueError):
+        corpus_chrf(["a"], ["a", "b"])
 
 
 # --- SQuAD ---------------------------------------------------------------------------

@@ -44,3 +44,21 @@ def test_every_setting_is_documented_with_its_default() -> None:
         variable = name.upper()
         assert variable in rows, f"{variable} is not in README's Configuration table"
         assert rows[variable] == shown(field.default), (variable, rows[variable], shown(field.default))
+
+
+def test_quality_table_gives_the_default_step_budgets() -> None:
+    """The README's quality table states each model's step budget as the default profile has it."""
+    from model_export.profiles import MODEL_NAMES, profile_settings
+
+    text = README.read_text()
+    table = text[text.index("## Model quality") :]
+    table = table[: table.index("\n## ", 5)]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in MODEL_NAMES:
+            rows[cells[0]] = cells
+    assert set(rows) == set(MODEL_NAMES)
+    for name, cells in rows.items():
+        steps = int(cells[-1].replace(",", "").split()[0])
+        assert steps == profile_settings("default", name)["steps"], (name, cells[-1])

@@ -1,19 +1,19 @@
-"""One builder per served model: `train_model(ctx) -> Trained`, then `graphs(trained, seed)` for export."""
+"""One builder per served model: `prepare(ctx) -> TrainingJob` (run it to get a `Trained`), then `graphs(trained, seed)`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from . import bert, gpt, translator, vit
-from .common import GraphSpec, Trained
+from .common import BuildContext, GraphSpec, Trained, TrainingJob
 
-Builder = tuple[Callable[..., Trained], Callable[[Trained, int], dict[str, GraphSpec]]]
+Builder = tuple[Callable[[BuildContext], TrainingJob], Callable[[Trained, int], dict[str, GraphSpec]]]
 
 BUILDERS: dict[str, Builder] = {
-    "translator": (translator.train_model, translator.graphs),
-    "bert-classifier": (bert.train_classifier, bert.graphs),
-    "bert-qa": (bert.train_qa, bert.graphs),
-    "bert-tagger": (bert.train_tagger, bert.graphs),
-    "gpt": (gpt.train_model, gpt.graphs),
-    "vit": (vit.train_model, vit.graphs),
+    "translator": (translator.prepare, translator.graphs),
+    "bert-classifier": (bert.prepare_classifier, bert.graphs),
+    "bert-qa": (bert.prepare_qa, bert.graphs),
+    "bert-tagger": (bert.prepare_tagger, bert.graphs),
+    "gpt": (gpt.prepare, gpt.graphs),
+    "vit": (vit.prepare, vit.graphs),
 }

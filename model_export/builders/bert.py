@@ -39,7 +39,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import profile_settings
 from ..tokenization import train_wordpiece, wordpiece_from_vocab
 from ..training import TrainResult, TrainSpec, infinite, save_curve, train
-from .common import BuildContext, Trained
+from .common import BuildContext, Trained, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +138,7 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), ids.numel()
 
-    spec = TrainSpec(
-        s["pretrain_steps"],
-        float(s["pretrain_budget_s"]),
-        s["pretrain_lr"],
-        warmup_steps=200,
-        device=ctx.device,
-    )
+    spec = TrainSpec(s["pretrain_steps"], s["pretrain_lr"], warmup_steps=200, device=ctx.device)
     result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
     origin = {
         "init_from": None,
@@ -221,32 +215,38 @@ def _head_manifest(prepared: PreparedEncoder, task: str, extra: dict[str, Any]) 
     }
 
 
-def _train_head(
+def _head_job(
     ctx: BuildContext,
     model: nn.Module,
     epoch: Callable[[int], Iterator[Any]],
     loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]],
     prepared: PreparedEncoder,
-) -> TrainResult:
+    finish: Callable[[TrainResult], Trained],
+) -> TrainingJob:
+    """`epoch(e)` yields epoch e's batches in an order seeded by e (the job offsets e by its seed)."""
     s = ctx.settings
     set_dropout(model, s["dropout"])
     # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
     # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
     model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    spec = TrainSpec(
-        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device
-    )
-    result = train(
-        model, infinite(epoch), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png"
-    )
-    if prepared.pretraining_losses:
-        save_curve(
-            prepared.pretraining_losses, ctx.work_dir / "pretraining_curve.png", "bert masked-LM pretraining"
-        )
-    return result
+    spec = TrainSpec(s["steps"], s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
+
+    def finish_with_curves(result: TrainResult) -> Trained:
+        if prepared.pretraining_losses:
+            save_curve(
+                prepared.pretraining_losses,
+                ctx.work_dir / "pretraining_curve.png",
+                "bert masked-LM pretraining",
+            )
+        return finish(result)
+
+    def batches(seed: int) -> Iterator[Any]:
+        return infinite(lambda e: epoch(seed + e))
+
+    return TrainingJob(ctx, model, batches, loss_fn, spec, "tokens", finish_with_curves)
 
 
-def train_classifier(ctx: BuildContext) -> Trained:
+def prepare_classifier(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
@@ -259,7 +259,7 @@ def train_classifier(ctx: BuildContext) -> Trained:
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in length_bucketed(len(encoded), [len(x) for x in encoded], s["batch_size"], ctx.seed + e):
+        for idx in length_bucketed(len(encoded), [len(x) for x in encoded], s["batch_size"], e):
             yield pad_batch([encoded[i] for i in idx], pad), labels[idx]
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -267,21 +267,23 @@ def train_classifier(ctx: BuildContext) -> Trained:
         mask = (ids != pad).long()
         return F.cross_entropy(m(ids, mask, torch.zeros_like(ids)), y), len(y), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, prepared)
-    manifest = _head_manifest(
-        prepared,
-        "text-classification",
-        {
-            "description": "BERT [CLS] classifier, SST-2 sentiment",
-            "labels": SST2_LABELS,
-            "max_sequence_length": s["max_len"],
-        },
-    )
-    training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
-    return Trained(ctx.name, model, tok, manifest, training, result)
+    def finish(result: TrainResult) -> Trained:
+        manifest = _head_manifest(
+            prepared,
+            "text-classification",
+            {
+                "description": "BERT [CLS] classifier, SST-2 sentiment",
+                "labels": SST2_LABELS,
+                "max_sequence_length": s["max_len"],
+            },
+        )
+        training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
+        return Trained(ctx.name, model, tok, manifest, training, result)
+
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
 
 
-def train_qa(ctx: BuildContext) -> Trained:
+def prepare_qa(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
@@ -306,9 +308,7 @@ def train_qa(ctx: BuildContext) -> Trained:
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, ...]]:
-        for idx in length_bucketed(
-            len(features), [len(f[0]) for f in features], s["batch_size"], ctx.seed + e
-        ):
+        for idx in length_bucketed(len(features), [len(f[0]) for f in features], s["batch_size"], e):
             batch = [features[i] for i in idx]
             yield (
                 pad_batch([f[0] for f in batch], pad),
@@ -324,22 +324,28 @@ def train_qa(ctx: BuildContext) -> Trained:
         loss = (F.cross_entropy(start_logits, starts) + F.cross_entropy(end_logits, ends)) / 2
         return loss, len(ids), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, prepared)
-    manifest = _head_manifest(
-        prepared,
-        "question-answering",
-        {
-            "description": "BERT span head over (question, context), SQuAD v1.1",
-            "max_sequence_length": s["max_len"],
-            "qa": {
-                "stride": s["stride"],
-                "max_question_length": s["max_question_len"],
-                "max_answer_length": s["max_answer_len"],
+    def finish(result: TrainResult) -> Trained:
+        manifest = _head_manifest(
+            prepared,
+            "question-answering",
+            {
+                "description": "BERT span head over (question, context), SQuAD v1.1",
+                "max_sequence_length": s["max_len"],
+                "qa": {
+                    "stride": s["stride"],
+                    "max_question_length": s["max_question_len"],
+                    "max_answer_length": s["max_answer_len"],
+                },
             },
-        },
-    )
-    training = {"data": "squad/train.json", "train_questions": len(examples), "train_windows": len(features)}
-    return Trained(ctx.name, model, tok, manifest, training, result)
+        )
+        training = {
+            "data": "squad/train.json",
+            "train_questions": len(examples),
+            "train_windows": len(features),
+        }
+        return Trained(ctx.name, model, tok, manifest, training, result)
+
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
 
 
 def encode_tagged(
@@ -360,7 +366,7 @@ def encode_tagged(
     return ids, labels
 
 
-def train_tagger(ctx: BuildContext) -> Trained:
+def prepare_tagger(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
@@ -370,7 +376,7 @@ def train_tagger(ctx: BuildContext) -> Trained:
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], s["batch_size"], ctx.seed + e):
+        for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], s["batch_size"], e):
             yield (
                 pad_batch([encoded[i][0] for i in idx], pad),
                 pad_batch([encoded[i][1] for i in idx], IGNORE),
@@ -383,19 +389,21 @@ def train_tagger(ctx: BuildContext) -> Trained:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), int(mask.sum())
 
-    result = _train_head(ctx, model, epoch, loss_fn, prepared)
-    manifest = _head_manifest(
-        prepared,
-        "token-classification",
-        {
-            "description": "BERT per-token BIO tagger, CoNLL-2003 English NER (IOB1 converted to BIO)",
-            "labels": CONLL_LABELS,
-            "max_sequence_length": s["max_len"],
-            "tagging": {"scheme": "BIO", "label_on": "first sub-token of each word"},
-        },
-    )
-    training = {"data": "conll2003/train.txt", "train_sentences": len(sentences)}
-    return Trained(ctx.name, model, tok, manifest, training, result)
+    def finish(result: TrainResult) -> Trained:
+        manifest = _head_manifest(
+            prepared,
+            "token-classification",
+            {
+                "description": "BERT per-token BIO tagger, CoNLL-2003 English NER (IOB1 converted to BIO)",
+                "labels": CONLL_LABELS,
+                "max_sequence_length": s["max_len"],
+                "tagging": {"scheme": "BIO", "label_on": "first sub-token of each word"},
+            },
+        )
+        training = {"data": "conll2003/train.txt", "train_sentences": len(sentences)}
+        return Trained(ctx.name, model, tok, manifest, training, result)
+
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
 
 
 def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import platform
 import shutil
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from ..manifest import write_manifest
 from ..onnx_export import OPSET, GraphSpec, export_graph
 
 __all__ = ["GraphSpec"]
-from ..training import TrainResult
+from ..training import TrainResult, TrainSpec, optimizer_for, train, train_step
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +52,6 @@ class BuildContext:
         n = self.settings.get(key)
         return items if n is None else items[:n]
 
-    def budget(self, key: str = "budget_s") -> float:
-        return float(self.settings[key])
-
 
 @dataclass
 class Trained:
@@ -77,6 +77,65 @@ class Trained:
         state = torch.load(path, weights_only=False)
         state["tokenizer"] = Tokenizer.from_str(state["tokenizer"]) if state["tokenizer"] else None
         return cls(**state)
+
+
+LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]]
+
+
+@dataclass
+class TrainingJob:
+    """Everything a model's training needs, prepared but not run: what the warm-up times and `run` trains.
+
+    `batches(seed)` starts a fresh, endless stream of batches, so the warm-up
+    can draw its own without touching the one the real run sees.
+    """
+
+    ctx: BuildContext
+    model: nn.Module
+    batches: Callable[[int], Iterator[Any]]
+    loss_fn: LossFn
+    spec: TrainSpec
+    unit: str
+    finish: Callable[[TrainResult], Trained]
+
+    def run(self) -> Trained:
+        result = train(
+            self.model,
+            self.batches(self.ctx.seed),
+            self.loss_fn,
+            self.spec,
+            self.ctx.name,
+            self.unit,
+            self.ctx.work_dir / "training_curve.png",
+        )
+        return self.finish(result)
+
+    def seconds_per_step(self, seconds: float = 2.0, min_batches: int = 2, max_batches: int = 8) -> float:
+        """Time optimizer steps on a copy of the model: the build estimate's input.
+
+        A first pass runs fresh batches until `seconds` have passed (between
+        `min_batches` and `max_batches`) and pays the one-off costs of each new
+        batch shape (allocations, kernel selection); the second pass over the
+        same batches is timed, which is what the real run's steps cost once its
+        shapes have all been seen. The copy, its own batches and a forked RNG
+        leave the real run exactly as it would have been.
+        """
+        with torch.random.fork_rng(devices=[]):
+            model = copy.deepcopy(self.model).to(self.spec.device).train()
+            optimizer = optimizer_for(model, self.spec)
+            stream = self.batches(self.ctx.seed + 7919)
+            lr = self.spec.learning_rate(self.spec.warmup_steps)
+            sample: list[Any] = []
+            start = time.perf_counter()
+            while len(sample) < max_batches and (
+                len(sample) < min_batches or time.perf_counter() - start < seconds
+            ):
+                sample.append(next(stream))
+                train_step(model, optimizer, sample[-1], self.loss_fn, self.spec, lr)
+            start = time.perf_counter()
+            for batch in sample:
+                train_step(model, optimizer, batch, self.loss_fn, self.spec, lr)
+            return (time.perf_counter() - start) / len(sample)
 
 
 def fresh_dir(path: Path) -> Path:

@@ -8,14 +8,15 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_tinyshakespeare
 from ..gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
-from ..training import TrainSpec, train
-from .common import BuildContext, Trained, kv_cache_layout, past_names
+from ..training import TrainResult, TrainSpec
+from .common import BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 EOS = "<|endoftext|>"
 
@@ -52,7 +53,7 @@ def cache_feeds(
     return feeds
 
 
-def train_model(ctx: BuildContext) -> Trained:
+def prepare(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     text = load_tinyshakespeare(ctx.data_dir, "train")
     if s["train_chars"]:
@@ -73,9 +74,9 @@ def train_model(ctx: BuildContext) -> Trained:
     # Windows cover the positions the model serves (and evaluation scores): a position the training
     # never saw has an untrained embedding.
     assert seq_len <= config.max_len, f"seq_len {seq_len} exceeds the position table size {config.max_len}"
-    generator = torch.Generator().manual_seed(ctx.seed)
 
-    def batches() -> Iterator[torch.Tensor]:
+    def batches(seed: int) -> Iterator[torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
         while True:
             starts = torch.randint(0, len(ids) - seq_len - 1, (batch_size,), generator=generator)
             yield torch.stack([ids[i : i + seq_len + 1] for i in starts.tolist()])  # (B, T + 1)
@@ -85,10 +86,27 @@ def train_model(ctx: BuildContext) -> Trained:
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         return loss, batch.size(0), batch[:, 1:].numel()
 
-    spec = TrainSpec(
-        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.1, device=ctx.device
+    spec = TrainSpec(s["steps"], s["lr"], s["warmup_steps"], weight_decay=0.1, device=ctx.device)
+    return TrainingJob(
+        ctx,
+        model,
+        batches,
+        loss_fn,
+        spec,
+        "tokens",
+        lambda r: _finish(ctx, model, tokenizer, len(text), len(ids), r),
     )
-    result = train(model, batches(), loss_fn, spec, ctx.name, "tokens", ctx.work_dir / "training_curve.png")
+
+
+def _finish(
+    ctx: BuildContext,
+    model: GPT,
+    tokenizer: Tokenizer,
+    train_chars: int,
+    train_tokens: int,
+    result: TrainResult,
+) -> Trained:
+    config = model.config
     eos_id = tokenizer.token_to_id(EOS)
     manifest = {
         "task": "text-generation",
@@ -99,7 +117,11 @@ def train_model(ctx: BuildContext) -> Trained:
         "special_tokens": {"eos": eos_id, "pad": eos_id},
         "kv_cache": kv_cache_layout(config.num_layers, config.num_heads, config.d_model // config.num_heads),
     }
-    training = {"data": "tinyshakespeare/train.txt", "train_characters": len(text), "train_tokens": len(ids)}
+    training = {
+        "data": "tinyshakespeare/train.txt",
+        "train_characters": train_chars,
+        "train_tokens": train_tokens,
+    }
     return Trained(ctx.name, model, tokenizer, manifest, training, result)
 
 

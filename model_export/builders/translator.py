@@ -9,14 +9,15 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_multi30k
 from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
-from ..training import TrainSpec, infinite, train
+from ..training import TrainResult, TrainSpec, infinite
 from ..translator import Translator, TranslatorConfig
-from .common import BuildContext, Trained, kv_cache_layout, past_names
+from .common import BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -82,7 +83,7 @@ def _pad(rows: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def train_model(ctx: BuildContext) -> Trained:
+def prepare(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     raw = ctx.limit(load_multi30k(ctx.data_dir, "train"), "train_pairs")
     tokenizer = train_byte_level_bpe([t for pair in raw for t in pair], s["vocab_size"], SPECIALS)
@@ -113,12 +114,37 @@ def train_model(ctx: BuildContext) -> Trained:
         return loss, len(src), int((tgt_out != PAD).sum())
 
     spec = TrainSpec(
-        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device
+        s["steps"],
+        s["lr"],
+        s["warmup_steps"],
+        weight_decay=0.01,
+        device=ctx.device,
     )
-    batches = infinite(lambda e: token_batches(pairs, s["batch_tokens"], ctx.seed + e))
-    result = train(
-        model, batches, loss_fn, spec, ctx.name, "target_tokens", ctx.work_dir / "training_curve.png"
+
+    def batches(seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return infinite(lambda e: token_batches(pairs, s["batch_tokens"], seed + e))
+
+    return TrainingJob(
+        ctx,
+        model,
+        batches,
+        loss_fn,
+        spec,
+        "target_tokens",
+        lambda r: _finish(ctx, model, config, tokenizer, len(pairs), r),
     )
+
+
+def _finish(
+    ctx: BuildContext,
+    model: Translator,
+    config: TranslatorConfig,
+    tokenizer: Tokenizer,
+    train_pairs: int,
+    result: TrainResult,
+) -> Trained:
+    s = ctx.settings
+    limit = s["max_len"] - 2
     n, h, dh = config.decoder_layers, config.num_heads, config.d_model // config.num_heads
     manifest = {
         "task": "translation",
@@ -143,7 +169,7 @@ def train_model(ctx: BuildContext) -> Trained:
     }
     training = {
         "data": "multi30k/train.{en,de}.gz",
-        "train_pairs": len(pairs),
+        "train_pairs": train_pairs,
         "label_smoothing": s["label_smoothing"],
         "batch_tokens": s["batch_tokens"],
     }

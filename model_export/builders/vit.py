@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,12 +13,12 @@ from torch import nn
 
 from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
 from ..onnx_export import GraphSpec, auto_dims
-from ..training import TrainSpec, infinite, train
+from ..training import TrainResult, TrainSpec, infinite
 from ..vit import ViT, ViTConfig
-from .common import BuildContext, Trained
+from .common import BuildContext, Trained, TrainingJob
 
 
-def train_model(ctx: BuildContext) -> Trained:
+def prepare(ctx: BuildContext) -> TrainingJob:
     s = ctx.settings
     images, labels = load_fashion_mnist(ctx.data_dir, "train")
     if s["train_examples"]:
@@ -40,29 +41,57 @@ def train_model(ctx: BuildContext) -> Trained:
     model = ViT(config)
     batch_size = s["batch_size"]
 
-    def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(ctx.seed + e))
+    def epoch(seed: int, e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed + e))
         for i in range(0, len(order) - batch_size + 1, batch_size):
             idx = order[i : i + batch_size]
             x = pixels[idx]
             flip = (
-                torch.rand(len(idx), generator=torch.Generator().manual_seed(ctx.seed * 7919 + e * 1000 + i))
+                torch.rand(len(idx), generator=torch.Generator().manual_seed(seed * 7919 + e * 1000 + i))
                 < 0.5
             )
-            x = torch.where(flip[:, None, None, None], x.flip(-1), x)  # clothes stay clothes when mirrored
+            if s["hflip"]:
+                x = torch.where(
+                    flip[:, None, None, None], x.flip(-1), x
+                )  # clothes stay clothes when mirrored
             yield x, targets[idx]
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
         x, y = batch
-        return F.cross_entropy(m(x), y, label_smoothing=0.1), len(y), len(y)
+        return F.cross_entropy(m(x), y, label_smoothing=s["label_smoothing"]), len(y), len(y)
 
     spec = TrainSpec(
-        s["max_steps"], ctx.budget(), s["lr"], s["warmup_steps"], weight_decay=0.05, device=ctx.device
-    )
-    result = train(
-        model, infinite(epoch), loss_fn, spec, ctx.name, "images", ctx.work_dir / "training_curve.png"
+        s["steps"],
+        s["lr"],
+        s["warmup_steps"],
+        weight_decay=0.05,
+        device=ctx.device,
     )
 
+    def batches(seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return infinite(lambda e: epoch(seed, e))
+
+    return TrainingJob(
+        ctx,
+        model,
+        batches,
+        loss_fn,
+        spec,
+        "images",
+        lambda r: _finish(ctx.name, s, model, mean, std, len(pixels), r),
+    )
+
+
+def _finish(
+    name: str,
+    settings: dict[str, Any],
+    model: ViT,
+    mean: float,
+    std: float,
+    train_images: int,
+    result: TrainResult,
+) -> Trained:
+    config = model.config
     manifest = {
         "task": "image-classification",
         "architecture": "vit",
@@ -82,10 +111,11 @@ def train_model(ctx: BuildContext) -> Trained:
     }
     training = {
         "data": "fashion_mnist/train-*",
-        "train_images": len(pixels),
-        "augmentation": "horizontal flip",
+        "train_images": train_images,
+        "augmentation": "horizontal flip" if settings["hflip"] else None,
+        "label_smoothing": settings["label_smoothing"],
     }
-    return Trained(ctx.name, model, None, manifest, training, result)
+    return Trained(name, model, None, manifest, training, result)
 
 
 def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:

@@ -145,3 +145,20 @@ def test_logs_carry_ids_sizes_and_timings_but_no_request_text(
         # One access line per request: id, route, status, sizes, seconds.
         line = next(line for line in log.splitlines() if f"[log-{i} " in line and "service.access" in line)
         assert path in line and "in=" in line and "out=" in line and line.rstrip().endswith("s")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_access_log_setting_controls_the_only_access_log(
+    tiny_models: Path, tmp_path: Path, enabled: bool
+) -> None:
+    """ACCESS_LOG=true: one service.access line per request; false: none. uvicorn's own never appears."""
+    env = {"MODEL_REPOSITORY": str(tiny_models), "LOG_LEVEL": "info", "ACCESS_LOG": str(enabled).lower()}
+    with ServiceProcess(free_port(), env, tmp_path / "service.log") as service:
+        for i in range(3):
+            r = httpx.get(f"{service.url}/v1/models", headers={"X-Request-ID": f"acc-{i}"}, timeout=30)
+            assert r.status_code == 200
+    log = service.log()
+    ours = [line for line in log.splitlines() if "service.access" in line and "[acc-" in line]
+    assert len(ours) == (3 if enabled else 0), log[-2000:]
+    # uvicorn's access line looks like: 127.0.0.1:PORT - "GET /v1/models HTTP/1.1" 200
+    assert '"GET /v1/models HTTP/1.1"' not in log, log[-2000:]

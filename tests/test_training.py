@@ -1,0 +1,152 @@
+"""Training itself: step budgets, reproducible weights, and a translator that must use its source.
+
+These run the real CLI (`python -m model_export`) on the tiny profile, so the
+whole path is covered: data loading, tokenizer training, the step-budgeted
+loop, export to ONNX and evaluation through ONNX Runtime with the service's
+own decoding.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_export.builders.common import Trained
+from model_export.training import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCH_NUM_THREADS": "2", "ORT_DISABLE_TELEMETRY": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "model_export", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_learning_rate_is_a_function_of_the_step_alone() -> None:
+    spec = TrainSpec(steps=1000, lr=1e-3, warmup_steps=100, min_lr_ratio=0.05)
+    assert spec.learning_rate(0) == pytest.approx(1e-5)  # warmup starts at lr / warmup_steps
+    assert spec.learning_rate(99) == pytest.approx(
+        1e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * 0.099)))
+    )
+    rates = [spec.learning_rate(step) for step in range(100, 1000)]
+    assert all(a >= b for a, b in itertools.pairwise(rates))  # decays monotonically after warmup
+    assert spec.learning_rate(1000) == pytest.approx(5e-5)  # ends at min_lr_ratio, on the last step
+
+
+def state(path: Path) -> dict[str, torch.Tensor]:
+    return Trained.load(path).model.state_dict()
+
+
+def test_same_seed_same_data_same_threads_same_weights(tmp_path: Path, data_dir: Path) -> None:
+    """Two builds, one of them sharing its run with another model: bit-identical weights and manifests' steps."""
+    common = ["train", "--profile", "tiny", "--data-dir", str(data_dir), "--seed", "3"]
+    first = build(*common, "--models", "translator,gpt", "--out", str(tmp_path / "a"))
+    build(*common, "--models", "gpt", "--out", str(tmp_path / "b"))
+    build(*common, "--models", "translator", "--out", str(tmp_path / "b"))
+    assert "Build estimate on this machine" in first.stderr and "total: about" in first.stderr
+    for name in ("translator", "gpt"):
+        a = state(tmp_path / "a" / ".work" / name / "trained.pt")
+        b = state(tmp_path / "b" / ".work" / name / "trained.pt")
+        assert a.keys() == b.keys()
+        different = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not different, f"{name}: {different[:5]} differ between two builds with the same seed"
+    # A different seed gives different weights: the comparison above can fail.
+    build(*common[:-1], "4", "--models", "gpt", "--out", str(tmp_path / "c"))
+    c = state(tmp_path / "c" / ".work" / "gpt" / "trained.pt")
+    a = state(tmp_path / "a" / ".work" / "gpt" / "trained.pt")
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_manifest_records_steps_seed_versions_and_machine(tiny_models: Path) -> None:
+    manifest = json.loads((tiny_models / "gpt" / "manifest.json").read_text())
+    training = manifest["training"]
+    assert training["steps"] == training["planned_steps"] > 0 and training["under_trained"] is False
+    assert isinstance(training["seed"], int)
+    machine = training["machine"]
+    assert machine["cpu"] and isinstance(machine["avx512"], bool) and machine["torch_threads"] >= 1
+    assert {"torch", "numpy", "tokenizers", "onnx"} <= set(machine["libraries"])
+
+
+def test_max_minutes_guard_stops_early_and_marks_the_model_under_trained(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    result = build(
+        "all",
+        "--profile",
+        "tiny",
+        "--models",
+        "vit",
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "vit=100000",
+        "--max-minutes",
+        "0.05",
+    )
+    assert "shorter than the estimate" in result.stderr
+    assert "UNDER-TRAINED" in result.stderr
+    training = json.loads((tmp_path / "vit" / "manifest.json").read_text())["training"]
+    assert training["under_trained"] is True and 0 < training["steps"] < training["planned_steps"] == 100000
+
+
+def write_copy_task(root: Path, seed: int = 0) -> None:
+    """multi30k laid out as usual, but each 'translation' is its source: digit strings copied."""
+    rng = random.Random(seed)
+
+    def digits() -> str:
+        return " ".join(rng.choice("0123456789") for _ in range(rng.randint(4, 10)))
+
+    train = [digits() for _ in range(2000)]
+    seen = set(train)
+    validation: list[str] = []
+    while len(validation) < 64:
+        candidate = digits()
+        if candidate not in seen:  # unseen strings: only copying the source can get them right
+            validation.append(candidate)
+            seen.add(candidate)
+    folder = root / "multi30k"
+    folder.mkdir(parents=True)
+    for split, rows in (("train", train), ("validation", validation)):
+        for language in ("en", "de"):
+            with gzip.open(folder / f"{split}.{language}.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(rows) + "\n")
+
+
+def test_tiny_translator_learns_to_copy_unseen_digit_strings(tmp_path: Path) -> None:
+    """A decoder that ignores its source (a fluent language model of digits) scores near BLEU 0 here."""
+    data = tmp_path / "data"
+    write_copy_task(data)
+    out = tmp_path / "models"
+    build(
+        "all",
+        "--profile",
+        "tiny",
+        "--models",
+        "translator",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        "translator=600",
+    )
+    scores = json.loads((out / "evaluation.json").read_text())["translator"]
+    assert scores["bleu"] >= 90 and scores["chrf"] >= 90, scores
+    for sample in scores["samples"]:
+        assert sample["hypothesis"] == sample["source"], sample
