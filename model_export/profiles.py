@@ -8,9 +8,10 @@ build meets every validation target with margin, and finishes within an hour
 on a 2-core AVX2-only CPU (README, "Model quality").
 
 `reference_step_s` and `reference_other_s` are what one step, and export plus
-evaluation, took on the calibration machine (2-core AMD EPYC with PyTorch held
-to AVX2 kernels): the build estimate scales them by this machine's measured
-warm-up. They inform the estimate only; they never change what is trained.
+evaluation, took in the README's clean build (2-core AMD EPYC with PyTorch held
+to AVX2 kernels): the build estimate scales the latter by how this machine's
+measured warm-up compares with the former. They inform the estimate only; they
+never change what is trained.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             label_smoothing=0.1,
             eval_examples=None,
             beam_size=4,
-            reference_step_s=0.8,
-            reference_other_s=60,
+            reference_step_s=0.903,
+            reference_other_s=67,
         ),
         # Used only when no checkpoint is available: BERT pretrained from scratch with masked-LM.
         "bert": dict(
@@ -169,8 +170,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             lr=0.0001,
             warmup_steps=30,
             eval_examples=None,
-            reference_step_s=0.39,
-            reference_other_s=15,
+            reference_step_s=0.26,
+            reference_other_s=14,
         ),
         "bert-qa": dict(
             dropout=0.0,
@@ -187,7 +188,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             lr=1e-4,
             warmup_steps=30,
             eval_examples=None,
-            reference_step_s=0.58,
+            reference_step_s=0.554,
             reference_other_s=70,
         ),
         "bert-tagger": dict(
@@ -199,8 +200,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             lr=1e-4,
             warmup_steps=30,
             eval_examples=None,
-            reference_step_s=0.42,
-            reference_other_s=35,
+            reference_step_s=0.357,
+            reference_other_s=38,
         ),
         "gpt": dict(
             # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
@@ -220,8 +221,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             lr=0.002,
             warmup_steps=100,
             eval_chars=None,
-            reference_step_s=0.46,
-            reference_other_s=25,
+            reference_step_s=0.499,
+            reference_other_s=13,
         ),
         "vit": dict(
             dropout=0.0,
@@ -240,8 +241,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
             lr=2e-3,
             warmup_steps=200,
             eval_examples=None,
-            reference_step_s=0.127,
-            reference_other_s=15,
+            reference_step_s=0.107,
+            reference_other_s=5,
         ),
     },
 }
