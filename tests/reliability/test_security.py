@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -157,7 +158,12 @@ def test_access_log_setting_controls_the_only_access_log(
         for i in range(3):
             r = httpx.get(f"{service.url}/v1/models", headers={"X-Request-ID": f"acc-{i}"}, timeout=30)
             assert r.status_code == 200
-    log = service.log()
+        # The access line is written after the response goes out: read the log while the process
+        # lives, giving the last line time to land (and, when disabled, time to wrongly appear).
+        deadline = time.monotonic() + (10 if enabled else 1.5)
+        while time.monotonic() < deadline and service.log().count("[acc-") < (3 if enabled else 1):
+            time.sleep(0.1)
+        log = service.log()
     ours = [line for line in log.splitlines() if "service.access" in line and "[acc-" in line]
     assert len(ours) == (3 if enabled else 0), log[-2000:]
     # uvicorn's access line looks like: 127.0.0.1:PORT - "GET /v1/models HTTP/1.1" 200
