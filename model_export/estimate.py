@@ -51,7 +51,7 @@ def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool) -> list[Mod
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def report(estimates: Sequence[ModelEstimate], cpu: str, threads: int, max_minutes: float | None) -> str:
