@@ -36,20 +36,15 @@ def _names(value: str | None) -> list[str]:
     return names
 
 
-def _per_model(value: str | None, flag: str, kind: type) -> dict[str, Any]:
-    """--steps translator=4000,gpt=1200 -> {name: value} (names checked against the served models)."""
-    out: dict[str, Any] = {}
+def _steps(value: str | None) -> dict[str, int]:
+    """--steps translator=4000,gpt=1200 -> {name: steps} (names checked against the served models)."""
+    out: dict[str, int] = {}
     for item in (value or "").split(","):
         if item.strip():
             name, _, number = item.partition("=")
-            try:
-                if name.strip() not in MODEL_NAMES:
-                    raise ValueError
-                out[name.strip()] = kind(number)
-            except ValueError:
-                raise SystemExit(
-                    f"{flag} wants NAME=NUMBER with NAME in {MODEL_NAMES}, got {item!r}"
-                ) from None
+            if name.strip() not in MODEL_NAMES or not number.strip().isdigit():
+                raise SystemExit(f"--steps wants NAME=STEPS with NAME in {MODEL_NAMES}, got {item!r}")
+            out[name.strip()] = int(number)
     return out
 
 
@@ -110,7 +105,7 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
     from .builders.common import BuildContext
 
     data_dir = resolve_data_dir(args.data_dir)
-    steps = _per_model(args.steps, "--steps", int)
+    steps = _steps(args.steps)
     if args.steps_scale <= 0:
         raise SystemExit("--steps-scale must be positive")
     contexts = []

@@ -39,7 +39,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import profile_settings
 from ..tokenization import train_wordpiece, wordpiece_from_vocab
 from ..training import TrainResult, TrainSpec, infinite, save_curve, train
-from .common import BuildContext, Trained, TrainingJob
+from .common import BuildContext, LossFn, Trained, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def _head_job(
     ctx: BuildContext,
     model: nn.Module,
     epoch: Callable[[int], Iterator[Any]],
-    loss_fn: Callable[[nn.Module, Any], tuple[torch.Tensor, int, int]],
+    loss_fn: LossFn,
     prepared: PreparedEncoder,
     finish: Callable[[TrainResult], Trained],
 ) -> TrainingJob:
