@@ -42,8 +42,7 @@ from benchmarks.common import (
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import softmax
-from service.inference.encoding import feeds_for
-from service.tasks.text import pad_batch, truncate
+from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
 
 NAME = "overhead"
 TITLE = "(c) Service overhead: served classify throughput vs raw ONNX Runtime on the same batches"

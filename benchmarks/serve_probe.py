@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from service.__main__ import main
-from service.inference.classify import TextClassifier
+from service.pipelines.classify import TextClassifier
 
 _log = open(os.environ["BENCH_BATCH_LOG"], "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (process-long)
 _lock = threading.Lock()

@@ -21,10 +21,10 @@ from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import logprobs
 from service.engine.seq2seq import Seq2SeqModel
-from service.tasks.entities import word_predictions
-from service.tasks.images import to_pixel_values
-from service.tasks.qa import best_span, qa_windows
-from service.tasks.text import pad_batch, truncate
+from service.pipelines.entity_spans import word_predictions
+from service.pipelines.image_inputs import to_pixel_values
+from service.pipelines.qa_spans import best_span, qa_windows
+from service.pipelines.text_inputs import pad_batch, truncate
 
 from . import metrics
 from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, load_sst2, load_tinyshakespeare

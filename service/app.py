@@ -48,16 +48,16 @@ from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
 from service.api.request_id import ensure_request_id_header, request_id_middleware
 from service.cache import build_backend
+from service.cache.response_cache import ResponseCache
 from service.context import RequestContextFilter
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
-from service.inference.batched import ModelPipeline
-from service.inference.caching import ResponseCache
-from service.inference.factory import build_pipeline
 from service.inference.registry import ModelRegistry
 from service.inference.service import InferenceService
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics, multiprocess_enabled
+from service.pipelines.base import ModelPipeline
+from service.pipelines.factory import build_pipeline
 from service.settings import Settings
 
 log = logging.getLogger("service")

@@ -27,7 +27,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 def _source_key() -> str:
     digest = hashlib.sha256()
-    for folder in ("model_export", "service/tasks", "service/engine"):
+    for folder in ("model_export", "service/pipelines", "service/engine"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             digest.update(path.relative_to(ROOT).as_posix().encode())
             digest.update(path.read_bytes())

@@ -173,7 +173,7 @@ def test_beam_1_equals_greedy(client: httpx.Client, tiny_models: Path) -> None:
     from service.engine.repository import load_model
     from service.engine.runtime import RuntimeOptions
     from service.engine.seq2seq import Seq2SeqModel
-    from service.tasks.text import truncate
+    from service.pipelines.text_inputs import truncate
 
     model = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
     assert model.tokenizer is not None

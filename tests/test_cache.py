@@ -20,8 +20,8 @@ from conftest import RedisServer
 from servers import LiveServer, metric
 
 from service.cache import MemoryCache, response_key
+from service.cache.response_cache import CacheControl
 from service.engine.manifest import MANIFEST, content_version, file_sha256
-from service.inference.caching import CacheControl
 from service.settings import Settings
 
 TEXT = {"text": "a gorgeous, witty film"}

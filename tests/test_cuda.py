@@ -17,9 +17,9 @@ from model_export.profiles import MODEL_NAMES
 from service.engine.repository import LoadedModel, ModelLoadError, load_model
 from service.engine.runtime import CUDA, RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
+from service.pipelines.image_inputs import to_pixel_values
+from service.pipelines.text_inputs import pad_batch
 from service.settings import Settings
-from service.tasks.images import to_pixel_values
-from service.tasks.text import pad_batch
 
 pytestmark = pytest.mark.cuda
 

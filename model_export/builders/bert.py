@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 
-from service.tasks.qa import answer_token_span, qa_windows
+from service.pipelines.qa_spans import answer_token_span, qa_windows
 
 from ..bert import (
     BertConfig,

@@ -27,7 +27,7 @@ from litestar.types import ExceptionHandlersMap
 from pydantic import ValidationError as PydanticValidationError
 
 from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
-from service.inference.errors import (
+from service.errors import (
     InvalidInputError,
     ModelNotFoundError,
     NoModelForTaskError,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.inference.errors import InvalidInputError
+from service.errors import InvalidInputError
 from service.settings import Settings
 
 

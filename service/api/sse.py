@@ -19,7 +19,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from service.engine.errors import BatcherClosedError, QueueTimeoutError
 from service.engine.generation import GenerationCancelledError
-from service.inference.generate import OpenStream
+from service.pipelines.generate import OpenStream
 
 from .schemas.errors import ErrorBody, ErrorDetail
 from .schemas.generate import DoneEventOut, TokenEventOut

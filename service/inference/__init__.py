@@ -1,25 +1,9 @@
-"""Between HTTP and the engine: per-task pipelines, admission and await, model resolution (TEI's ``infer``)."""
+"""What the HTTP layer calls: the InferenceService facade and the registry that resolves a request's model.
 
-from .errors import (
-    InvalidInputError,
-    ModelNotFoundError,
-    NoModelForTaskError,
-    NotReadyError,
-    ServiceError,
-    TaskMismatchError,
-)
-from .generate import GenerateParams
+The per-task pipelines it runs live in ``service.pipelines``; the engines they
+drive in ``service.engine``; the response cache in ``service.cache``.
+"""
+
 from .service import InferenceService
-from .translate import DecodingParams
 
-__all__ = [
-    "DecodingParams",
-    "GenerateParams",
-    "InferenceService",
-    "InvalidInputError",
-    "ModelNotFoundError",
-    "NoModelForTaskError",
-    "NotReadyError",
-    "ServiceError",
-    "TaskMismatchError",
-]
+__all__ = ["InferenceService"]

@@ -6,9 +6,8 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from service.context import note_model
-
-from .batched import ModelPipeline
-from .errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
+from service.errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
+from service.pipelines.base import ModelPipeline
 
 P = TypeVar("P", bound=ModelPipeline)
 

@@ -19,16 +19,16 @@ from dataclasses import asdict
 from typing import Literal
 
 from service.cache import blob_digest
+from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
+from service.errors import NotReadyError
+from service.pipelines.base import ModelPipeline
+from service.pipelines.classify import ImageClassifier, TextClassifier
+from service.pipelines.extract import EntityTagger, QuestionAnswerer
+from service.pipelines.generate import GenerateParams, Generator, OpenStream
+from service.pipelines.results import Answer, Classification, Entities, Generation, Outcome, Translation
+from service.pipelines.translate import DecodingParams, Translator
 
-from .batched import ModelPipeline
-from .caching import BYPASS, USE_CACHE, CacheControl, ResponseCache
-from .classify import ImageClassifier, TextClassifier
-from .errors import NotReadyError
-from .extract import EntityTagger, QuestionAnswerer
-from .generate import GenerateParams, Generator, OpenStream
 from .registry import ModelRegistry
-from .results import Answer, Classification, Entities, Generation, Outcome, Translation
-from .translate import DecodingParams, Translator
 
 log = logging.getLogger(__name__)
 

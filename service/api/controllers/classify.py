@@ -15,14 +15,15 @@ from litestar import Controller, Request, post
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
-from service.inference import InferenceService, InvalidInputError
+from service.errors import InvalidInputError
+from service.inference import InferenceService
 
 from ..disconnect import unless_disconnected
+from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json, require_multipart
 from ..limits import RequestLimits
 from ..schemas.classify import MAX_TOP_K, ClassificationOut, ClassifyBody, ClassifyResponse, ImageUpload
-from .envelope import cache_control, envelope
 
 
 def decode_base64_image(field: str, value: str, max_bytes: int) -> bytes:

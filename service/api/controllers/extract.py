@@ -9,11 +9,11 @@ from litestar import Controller, Request, post
 from service.inference import InferenceService
 
 from ..disconnect import unless_disconnected
+from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
 from ..schemas.extract import AnswerOut, EntitiesOut, ExtractBody, ExtractResponse
-from .envelope import cache_control, envelope
 
 
 class ExtractController(Controller):

@@ -11,14 +11,14 @@ from service.inference import InferenceService
 from service.settings import Settings
 
 from ..disconnect import unless_disconnected
+from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
+from ..openapi import also_answers
 from ..request_id import request_id_of
 from ..schemas.generate import SSE_EVENT_SCHEMA, GenerateBody, GenerateResponse, GenerationOut
 from ..sse import generation_events
-from .envelope import cache_control, envelope
-from .openapi import also_answers
 
 _OK = ResponseSpec(
     data_container=GenerateResponse,

@@ -8,10 +8,11 @@ from litestar import Controller, Request, Response, get
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.inference import InferenceService
-from service.inference.batched import ModelPipeline
 from service.metrics import Metrics
+from service.pipelines.base import ModelPipeline
 
 from ..limits import RequestLimits
+from ..openapi import also_answers
 from ..schemas.system import (
     LiveResponse,
     ModelOut,
@@ -20,7 +21,6 @@ from ..schemas.system import (
     RefusedOut,
     RequestLimitsOut,
 )
-from .openapi import also_answers
 
 # Manifest keys that describe what a model can take, reported as its limits.
 _LIMIT_KEYS = ("max_sequence_length", "max_source_length", "max_target_length")

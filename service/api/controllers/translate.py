@@ -6,14 +6,15 @@ from typing import Any
 
 from litestar import Controller, Request, post
 
-from service.inference import DecodingParams, InferenceService
+from service.inference import InferenceService
+from service.pipelines.translate import DecodingParams
 
 from ..disconnect import unless_disconnected
+from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
 from ..schemas.translate import TranslateBody, TranslateResponse, TranslationOut
-from .envelope import cache_control, envelope
 
 
 class TranslateController(Controller):

@@ -8,7 +8,7 @@ from typing import Annotated
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, Field, model_validator
 
-from service.inference.results import Classification
+from service.pipelines.results import Classification
 
 from .common import InferenceResponse, Request, Text, exactly_one, exactly_one_of, json_body
 

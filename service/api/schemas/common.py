@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.json_schema import JsonSchemaMode
 from pydantic_core import PydanticCustomError
 
-from service.inference.results import Usage
+from service.pipelines.results import Usage
 
 
 def _not_blank(value: str) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.inference.results import Answer, Entities
+from service.pipelines.results import Answer, Entities
 
 from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body
 

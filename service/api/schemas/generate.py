@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.inference.generate import GenerateParams
+from service.pipelines.generate import GenerateParams
 
 from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body, json_schema_of
 from .errors import ErrorBody

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.inference.results import Translation
+from service.pipelines.results import Translation
 
 from .common import InferenceResponse, TextInput, exactly_one_of, json_body
 

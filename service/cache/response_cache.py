@@ -21,10 +21,11 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from service.cache import CacheBackend, response_key
+from service.pipelines.base import ModelPipeline
+from service.pipelines.results import Outcome, Usage
 
-from .batched import ModelPipeline
-from .results import Outcome, Usage
+from .backends import CacheBackend
+from .keys import response_key
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from service.engine.generation import (
 )
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
+from service.errors import InvalidInputError
 
-from .batched import ModelPipeline
-from .encoding import encode_texts, preprocess
-from .errors import InvalidInputError
+from .base import ModelPipeline
 from .results import Generation, Outcome, Usage
+from .text_inputs import encode_texts, preprocess
 
 
 @dataclass(frozen=True)

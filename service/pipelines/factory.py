@@ -7,7 +7,7 @@ from service.engine.repository import LoadedModel
 from service.metrics import Metrics
 from service.settings import Settings
 
-from .batched import ModelPipeline
+from .base import ModelPipeline
 from .classify import ImageClassifier, TextClassifier
 from .extract import EntityTagger, QuestionAnswerer
 from .generate import Generator

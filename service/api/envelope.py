@@ -6,10 +6,10 @@ from typing import Any
 
 from litestar import Request
 
-from service.inference.caching import CacheControl
-from service.inference.results import Outcome
+from service.cache.response_cache import CacheControl
+from service.pipelines.results import Outcome
 
-from ..schemas.common import UsageOut
+from .schemas.common import UsageOut
 
 
 def envelope(outcome: Outcome[Any]) -> dict[str, Any]:

@@ -12,13 +12,12 @@ from PIL import Image
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.repository import LoadedModel
 from service.engine.sampling import softmax
-from service.tasks.images import ImageDecodeError, decode_image, to_pixel_values
-from service.tasks.text import pad_batch, truncate
+from service.errors import InvalidInputError
 
-from .batched import BatchedPipeline
-from .encoding import EncodedText, encode_texts, feeds_for, preprocess
-from .errors import InvalidInputError
+from .base import BatchedPipeline
+from .image_inputs import ImageDecodeError, decode_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
+from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
 
 
 def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:

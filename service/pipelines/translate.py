@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.repository import LoadedModel
 from service.engine.seq2seq import Hypothesis, Seq2SeqModel
-from service.tasks.text import truncate
 
-from .batched import BatchedPipeline
-from .encoding import encode_texts, preprocess
+from .base import BatchedPipeline
 from .results import Outcome, Translation, TranslationSequence, Usage
+from .text_inputs import encode_texts, preprocess, truncate
 
 _DEFAULT_LIMIT_STEP = 16
 

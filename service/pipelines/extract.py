@@ -19,13 +19,12 @@ import numpy as np
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.repository import LoadedModel
-from service.tasks.entities import group_entities, word_char_spans, word_predictions
-from service.tasks.qa import QAWindow, Span, best_span, qa_windows
-from service.tasks.text import pad_batch
 
-from .batched import BatchedPipeline
-from .encoding import encode_texts, feeds_for, preprocess
+from .base import BatchedPipeline
+from .entity_spans import group_entities, word_char_spans, word_predictions
+from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
+from .text_inputs import encode_texts, feeds_for, pad_batch, preprocess
 
 
 class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
