@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from service.pipelines.entity_spans import Entity, group_entities, word_char_spans, word_predictions
 from tokenizers import Tokenizer
 
 from model_export.tokenization import BERT_SPECIAL_TOKENS, wordpiece_from_vocab
+from service.pipelines.entity_spans import Entity, group_entities, word_char_spans, word_predictions
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 

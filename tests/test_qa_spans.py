@@ -7,6 +7,8 @@ own WordPiece pipeline over a vocabulary written here (one token per word).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -175,7 +177,8 @@ def test_windows_and_logits_must_pair_up() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    words = "where does ada live ? she lived in london with her mother and cat . paris".split()
+    words = ["where", "does", "ada", "live", "?", "she", "lived", "in", "london", "with", "her", "mother",
+             "and", "cat", ".", "paris"]  # fmt: skip
     vocab = tmp_path_factory.mktemp("vocab") / "vocab.txt"
     vocab.write_text("\n".join([*BERT_SPECIAL_TOKENS, *words]) + "\n")
     return wordpiece_from_vocab(vocab)
@@ -215,7 +218,7 @@ def test_long_context_windows_overlap_by_the_stride_and_cover_every_token(tokeni
     chunks = [[o for o in w.context_offsets if o is not None] for w in windows]
     assert all(len(w) <= max_len for w in windows)
     assert all(len(w) == max_len for w in windows[:-1])  # every window but the last is full
-    for before, after in zip(chunks, chunks[1:], strict=False):
+    for before, after in itertools.pairwise(chunks):
         assert before[-stride:] == after[:stride]
     covered = {o for chunk in chunks for o in chunk}
     assert len(covered) == n_tokens
