@@ -16,25 +16,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/batching.py` anywhere
 
-from benchmarks.common import (
-    BYPASS_CACHE,
-    Check,
-    HTTPConnection,
-    LoadPoint,
-    Options,
-    RequestFn,
-    Result,
-    Server,
-    closed_loop,
-    cores_used,
-    find_model,
-    main,
-    merge_points,
-    ratio,
-    run_async,
-    sentiment_texts,
-    subset_repository,
-)
+from benchmarks.cli import main
+from benchmarks.data import sentiment_texts
+from benchmarks.load import BYPASS_CACHE, LoadPoint, RequestFn, closed_loop, merge_points
+from benchmarks.options import Options
+from benchmarks.repository import find_model, subset_repository
+from benchmarks.results import Check, Result, cores_used
+from benchmarks.server import benchmark_server, providers
+from harness.event_loop import run_async
+from harness.http_client import HTTPConnection
+from harness.service_process import ServiceProcess
+from harness.stats import ratio
 
 NAME = "batching"
 TITLE = "(b) Dynamic batching: served classify throughput, MAX_BATCH_SIZE=32 vs 1"
@@ -62,7 +54,7 @@ def classify_request(texts: list[str]) -> RequestFn:
 
 
 def measure(
-    server: Server, texts: list[str], concurrency: list[int], duration: float, warmup: float
+    server: ServiceProcess, texts: list[str], concurrency: list[int], duration: float, warmup: float
 ) -> dict[int, LoadPoint]:
     request = classify_request(texts)
     return {
@@ -85,9 +77,10 @@ def run(opts: Options) -> Result:
         # Both servers run side by side (an idle one costs nothing) and take turns, point by point, so
         # that drift on a shared machine hits both alike.
         servers = {
-            b: stack.enter_context(Server(repo, opts, env={"MAX_BATCH_SIZE": str(b)})) for b in BATCH_SIZES
+            b: stack.enter_context(benchmark_server(repo, opts, env={"MAX_BATCH_SIZE": str(b)}))
+            for b in BATCH_SIZES
         }
-        provider = servers[32].providers()
+        provider = providers(servers[32])
         for _ in range(rounds):
             for c in concurrency:
                 for b, server in servers.items():

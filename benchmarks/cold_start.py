@@ -19,7 +19,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/cold_start.py` anywhere
 
-from benchmarks.common import Check, Options, Result, Server, main, median, model_folders
+from benchmarks.cli import main
+from benchmarks.options import Options
+from benchmarks.repository import model_folders
+from benchmarks.results import Check, Result
+from benchmarks.server import benchmark_server, providers
+from harness.stats import median
 
 NAME = "cold_start"
 TITLE = "(f) Cold start: process spawn to /health/ready 200, all models loaded"
@@ -59,7 +64,7 @@ def run(opts: Options) -> Result:
     provider = "unknown"
     problems: list[str] = []
     for _ in range(runs):
-        server = Server(opts.models, opts, log_level="info")
+        server = benchmark_server(opts.models, opts, log_level="info")
         spawned_wall = time.time()
         try:
             server.start()
@@ -70,9 +75,9 @@ def run(opts: Options) -> Result:
             refused = [r.get("name") for r in listing.get("refused", [])]
             if missing or refused:
                 problems.append(f"not served: {missing}, refused: {refused}")
-            provider = server.providers()
+            provider = providers(server)
             server.stop()
-            parts.append(breakdown(server.log_text(), spawned_wall))
+            parts.append(breakdown(server.log(), spawned_wall))
         finally:
             server.close()
 

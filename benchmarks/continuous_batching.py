@@ -17,27 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/continuous_batching.py`
 
-from benchmarks.common import (
-    BYPASS_CACHE,
-    Check,
-    HTTPConnection,
-    LoadPoint,
-    Options,
-    RequestFn,
-    Result,
-    Server,
-    closed_loop,
-    cores_used,
-    find_model,
-    main,
-    merge_points,
-    percentile,
-    ratio,
-    run_async,
-    shakespeare_prompts,
-    sse_events,
-    subset_repository,
-)
+from benchmarks.cli import main
+from benchmarks.data import shakespeare_prompts
+from benchmarks.load import BYPASS_CACHE, LoadPoint, RequestFn, closed_loop, merge_points
+from benchmarks.options import Options
+from benchmarks.repository import find_model, subset_repository
+from benchmarks.results import Check, Result, cores_used
+from benchmarks.server import benchmark_server, providers
+from harness.event_loop import run_async
+from harness.http_client import HTTPConnection
+from harness.sse import sse_events
+from harness.stats import percentile, ratio
 
 NAME = "continuous_batching"
 TITLE = "(d) Continuous batching: aggregate generated tokens/s with N concurrent streams vs 1"
@@ -87,8 +77,8 @@ def run(opts: Options) -> Result:
     warmup = 0.3 if opts.quick else 1.0
     prompts = shakespeare_prompts(64)
     runs: dict[int, list[LoadPoint]] = {n: [] for n in streams}
-    with subset_repository([folder]) as repo, Server(repo, opts) as server:
-        provider = server.providers()
+    with subset_repository([folder]) as repo, benchmark_server(repo, opts) as server:
+        provider = providers(server)
         request = stream_request(prompts, max_new)
         for _ in range(rounds):  # the points take turns, so that drift on a shared machine hits all alike
             for n in streams:

@@ -19,8 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 
 import numpy as np
 
-from benchmarks.common import Check, Options, Result, display_path, find_model, main, median, ratio
-from service.engine.generation import DecoderGraph
+from benchmarks.cli import main
+from benchmarks.options import Options
+from benchmarks.repository import find_model
+from benchmarks.results import Check, Result, display_path
+from harness.stats import median, ratio
+from service.engine.decoder_graph import DecoderGraph
+from service.engine.manifest import required
 from service.engine.repository import load_model
 from service.engine.runtime import RuntimeOptions
 
@@ -99,7 +104,7 @@ def run(opts: Options) -> Result:
     graph = DecoderGraph(model.graphs["model"], model.manifest)
     assert model.tokenizer is not None
     prompt = model.tokenizer.encode(opts.extra.get("prompt") or PROMPT).ids[:1]
-    max_context = int(model.manifest["max_sequence_length"])
+    max_context = required(model.manifest.max_sequence_length)
     longest = max_context - len(prompt)
     sizes = {n: min(n, longest) for n in SIZES}
     n_max = max(sizes.values())

@@ -19,26 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/overhead.py` anywhere
 
-from benchmarks.common import (
-    BENCH_DIR,
-    BYPASS_CACHE,
-    PYTHON,
-    Check,
-    HTTPConnection,
-    Options,
-    RequestFn,
-    Result,
-    Server,
-    closed_loop,
-    cores_used,
-    find_model,
-    main,
-    median,
-    ratio,
-    run_async,
-    sentiment_texts,
-    subset_repository,
-)
+from benchmarks.cli import main
+from benchmarks.data import sentiment_texts
+from benchmarks.load import BYPASS_CACHE, RequestFn, closed_loop
+from benchmarks.options import BENCH_DIR, PYTHON, Options
+from benchmarks.repository import find_model, subset_repository
+from benchmarks.results import Check, Result, cores_used
+from benchmarks.server import benchmark_server, providers
+from harness.event_loop import run_async
+from harness.http_client import HTTPConnection
+from harness.stats import median, ratio
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import softmax
@@ -70,8 +61,8 @@ class RawClassifier:
         assert model.tokenizer is not None
         self.tokenizer = model.tokenizer
         self.graph = model.graphs["model"]
-        self.max_len = int(model.manifest["max_sequence_length"])
-        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.max_len = required(model.manifest.max_sequence_length)
+        self.pad_id = model.manifest.token("pad")
 
     def ids(self, texts: list[str]) -> list[list[int]]:
         return [truncate(e.ids, self.max_len) for e in self.tokenizer.encode_batch(texts)]
@@ -100,14 +91,14 @@ def run(opts: Options) -> Result:
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         batch_log = Path(tmp) / "batches.jsonl"
         with subset_repository([folder]) as repo:
-            server = Server(
+            server = benchmark_server(
                 repo,
                 opts,
                 env={"MAX_BATCH_SIZE": "32", "BENCH_BATCH_LOG": str(batch_log)},
                 command=[PYTHON, str(BENCH_DIR / "serve_probe.py")],
             )
             with server:
-                provider = server.providers()
+                provider = providers(server)
                 served = run_async(
                     closed_loop(
                         server,

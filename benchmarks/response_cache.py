@@ -18,21 +18,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/response_cache.py` anywhere
 
-from benchmarks.common import (
-    MISS,
-    Check,
-    HTTPConnection,
-    Options,
-    Result,
-    Server,
-    find_model,
-    main,
-    median,
-    percentile,
-    ratio,
-    run_async,
-    subset_repository,
-)
+from benchmarks.cli import main
+from benchmarks.load import MISS
+from benchmarks.options import Options
+from benchmarks.repository import find_model, subset_repository
+from benchmarks.results import Check, Result
+from benchmarks.server import benchmark_server, providers
+from harness.event_loop import run_async
+from harness.http_client import HTTPConnection
+from harness.service_process import ServiceProcess
+from harness.stats import median, percentile, ratio
 
 NAME = "response_cache"
 TITLE = "(e) Response cache: hit vs miss latency (generate, translate)"
@@ -51,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def measure(server: Server, path: str, body: dict[str, Any], misses: int, hits: int) -> dict[str, Any]:
+async def measure(
+    server: ServiceProcess, path: str, body: dict[str, Any], misses: int, hits: int
+) -> dict[str, Any]:
     conn = HTTPConnection("127.0.0.1", server.port)
     try:
         output_tokens = 0
@@ -98,8 +95,8 @@ def run(opts: Options) -> Result:
     misses = opts.extra.get("misses") or (2 if opts.quick else 10)
     hits = opts.extra.get("hits") or (5 if opts.quick else 50)
     generate = {**GENERATE, "max_new_tokens": 16 if opts.quick else 64}
-    with subset_repository([gpt, translator]) as repo, Server(repo, opts) as server:
-        provider = server.providers()
+    with subset_repository([gpt, translator]) as repo, benchmark_server(repo, opts) as server:
+        provider = providers(server)
         found = {
             "generate": run_async(measure(server, "/v1/generate", generate, misses, hits)),
             "translate": run_async(measure(server, "/v1/translate", TRANSLATE, misses, hits)),

@@ -21,18 +21,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/run_all.py` anywhere
 
 from benchmarks import batching, cold_start, continuous_batching, kv_cache, overhead, response_cache
-from benchmarks.common import (
-    Result,
-    append_results,
-    base_parser,
-    describe_options,
-    fail_without_repository,
-    machine_info,
-    options_from,
-    print_result,
-    timed_run,
-    write_json,
-)
+from benchmarks.cli import base_parser, options_from, timed_run
+from benchmarks.options import describe_options
+from benchmarks.repository import fail_without_repository
+from benchmarks.results import Result, append_results, machine_info, print_result
+from harness.json_file import write_json
 
 MODULES: list[ModuleType] = [kv_cache, batching, overhead, continuous_batching, response_cache, cold_start]
 

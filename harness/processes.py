@@ -1,0 +1,58 @@
+"""Child processes of a harness: stopping a whole process group, dying with the parent, CPU time from /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGTERM this child when the thread that started it dies (Linux; a no-op elsewhere).
+
+    For children that must not outlive a harness killed with SIGKILL. Only from the main thread: the
+    signal comes when the starting *thread* ends.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_process_group(proc: subprocess.Popen[Any] | None, grace_s: float) -> bool:
+    """SIGTERM the process group ``proc`` leads (``start_new_session=True``), SIGKILL it after ``grace_s``.
+
+    The group, so that workers the process started stop with it. ``grace_s`` 0 kills at once.
+    Returns False when it had to kill, True otherwise (also when the process was already gone).
+    """
+    if proc is None:
+        return True
+    if grace_s > 0 and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+    killed = proc.poll() is None
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # also workers left behind by a leader that has exited
+    proc.wait(timeout=30)
+    return not killed
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc; NaN when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return math.nan
+    if len(fields) < 13:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
