@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.kv_cache import CacheLayout
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import logprobs
@@ -56,8 +58,8 @@ def evaluate_translator(
     tok = model.tokenizer
     assert tok is not None
     seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
-    eos = model.manifest["special_tokens"]["eos"]
-    max_src = int(model.manifest["max_source_length"])
+    eos = model.manifest.token("eos")
+    max_src = required(model.manifest.max_source_length)
     sources = [truncate([*e.ids, eos], max_src) for e in tok.encode_batch([en for en, _ in pairs])]
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch together
     hyps: dict[int, str] = {}
@@ -86,7 +88,7 @@ def evaluate_classifier(model: LoadedModel, data_dir: Path, split: str, limit: i
     rows = _limit(load_sst2(data_dir, split), limit)
     tok = model.tokenizer
     assert tok is not None
-    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
     encoded = [truncate(e.ids, max_len) for e in tok.encode_batch([t for t, _ in rows])]
     correct = 0
     for chunk in _batches(len(rows), 64):
@@ -99,16 +101,16 @@ def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | Non
     examples = _limit(load_squad(data_dir, split), limit)
     tok = model.tokenizer
     assert tok is not None
-    qa = model.manifest["qa"]
-    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    qa = required(model.manifest.qa)
+    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
     predictions: dict[str, str] = {}
     windows_total = 0
     for ex in examples:
-        windows = qa_windows(tok, ex.question, ex.context, max_len, qa["stride"], qa["max_question_length"])
+        windows = qa_windows(tok, ex.question, ex.context, max_len, qa.stride, qa.max_question_length)
         windows_total += len(windows)
         feeds = pad_batch([w.input_ids for w in windows], pad, [w.token_type_ids for w in windows])
         start_logits, end_logits = model.graphs["model"].run(feeds)
-        span = best_span(windows, list(start_logits), list(end_logits), qa["max_answer_length"])
+        span = best_span(windows, list(start_logits), list(end_logits), qa.max_answer_length)
         predictions[ex.id] = ex.context[span.start : span.end] if span else ""
     scores = metrics.squad_scores(predictions, examples)
     return {**scores, "windows": windows_total}
@@ -118,8 +120,8 @@ def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int |
     sentences = _limit(load_conll(data_dir, split), limit)
     tok = model.tokenizer
     assert tok is not None
-    labels = model.manifest["labels"]
-    max_len, pad = int(model.manifest["max_sequence_length"]), model.manifest["special_tokens"]["pad"]
+    labels = required(model.manifest.labels)
+    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
     encodings = [tok.encode(s.tokens, is_pretokenized=True) for s in sentences]
     predicted: list[list[str]] = []
     for chunk in _batches(len(sentences), 64):
@@ -152,14 +154,10 @@ def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | No
     assert tok is not None
     enc = tok.encode(text)
     ids = np.array(enc.ids, dtype=np.int64)
-    window = int(model.manifest["max_sequence_length"])
+    window = required(model.manifest.max_sequence_length)
     stride = window // 2
-    kv = model.manifest["kv_cache"]
-    empty = {
-        kv[f"past_{k}"].format(i=i): np.zeros((1, kv["num_heads"], 0, kv["head_dim"]), dtype=np.float32)
-        for i in range(kv["num_layers"])
-        for k in ("key", "value")
-    }
+    layout = CacheLayout.of(required(model.manifest.kv_cache))
+    empty = dict(zip(layout.past_names, layout.empty(1), strict=True))
     nll, scored_from = 0.0, 1
     starts = list(range(0, max(1, len(ids) - 1), stride))
     for start in starts:
@@ -188,7 +186,7 @@ def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | No
 def evaluate_vit(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     images, labels = load_fashion_mnist(data_dir, split)
     images, labels = _limit(images, limit), _limit(labels, limit)
-    pre = model.manifest["preprocessing"]
+    pre = required(model.manifest.preprocessing)
     correct = 0
     for chunk in _batches(len(images), 256):
         logits = model.graphs["model"].run(

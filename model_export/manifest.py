@@ -1,4 +1,4 @@
-"""manifest.json: the contract between export and service (see docs/MODEL_REPOSITORY.md).
+"""Writing manifest.json: the contract between export and service (``service.engine.manifest.Manifest``).
 
 The version is a content hash of the files the service loads (graphs and
 tokenizer), so any retraining or re-export gives a new version, and cache
@@ -11,11 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.engine.manifest import FORMAT_VERSION, MANIFEST, content_version, file_sha256
+from service.engine.manifest import FORMAT_VERSION, MANIFEST, Manifest, content_version, file_sha256
 
 
 def write_manifest(model_dir: Path, manifest: dict[str, Any], served_files: list[str]) -> dict[str, Any]:
-    """Hash the served files, stamp the version and write manifest.json; returns what was written."""
+    """Hash the served files, stamp the version and write manifest.json; returns what was written.
+
+    What is written must parse as the service's ``Manifest``: an export that breaks the
+    contract fails here, not when the service refuses the folder.
+    """
     files = {}
     for name in served_files:
         path = model_dir / name
@@ -27,6 +31,7 @@ def write_manifest(model_dir: Path, manifest: dict[str, Any], served_files: list
         "files": files,
         "version": content_version(files),
     }
+    Manifest.model_validate(manifest)
     (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

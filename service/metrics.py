@@ -246,7 +246,7 @@ class BatcherMetrics(_ModelObserver):
 
 
 class GenerationMetrics(_ModelObserver):
-    """A GenerationEngine's observer (service.engine.generation.GenerationObserver)."""
+    """A GenerationEngine's observer (service.engine.generation_contract.GenerationObserver)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         super().__init__(metrics, model)

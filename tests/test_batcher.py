@@ -211,7 +211,7 @@ def test_full_queue_rejects_at_once_with_retry_after() -> None:
             await asyncio.wait_for(batcher.submit(("overflow", 1), 1), timeout=5)
         assert info.value.retry_after_s >= 1
         assert isinstance(info.value.retry_after_s, int)
-        assert batcher.rejected_full == 1
+        assert observer.rejects == ["queue_full"]
         model.gate.set()
         await asyncio.gather(first, *tasks)
 
@@ -228,7 +228,7 @@ def test_entry_waiting_past_queue_timeout_fails() -> None:
         first = await busy(batcher, model)
         with pytest.raises(QueueTimeoutError):
             await batcher.submit(("late", 1), 1)  # model still blocked: it can only time out
-        assert batcher.expired == 1 and batcher.depth == 0
+        assert observer.rejects == ["timeout"] and batcher.depth == 0
         model.gate.set()
         await first
         assert await batcher.submit(("after", 1), 1) == FakeModel.answer(("after", 1))
@@ -250,7 +250,7 @@ def test_cancelled_submit_never_reaches_the_model() -> None:
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
-        assert batcher.dropped_cancelled == 1 and batcher.depth == 1
+        assert observer.rejects == ["cancelled"] and batcher.depth == 1
         model.gate.set()
         await first
         assert await kept == FakeModel.answer(("kept", 1))

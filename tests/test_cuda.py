@@ -14,6 +14,8 @@ import pytest
 from servers import LiveServer
 
 from model_export.profiles import MODEL_NAMES
+from service.engine.kv_cache import CacheLayout
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel, ModelLoadError, load_model
 from service.engine.runtime import CUDA, RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
@@ -37,24 +39,20 @@ def _feeds(model: LoadedModel) -> dict[str, np.ndarray]:
     """A small real input for a model's single graph."""
     if model.task == "image-classification":
         images = np.random.default_rng(0).integers(0, 256, (3, 28, 28), dtype=np.uint8)
-        return {"pixel_values": to_pixel_values(images, model.manifest["preprocessing"])}
+        return {"pixel_values": to_pixel_values(images, required(model.manifest.preprocessing))}
     assert model.tokenizer is not None
     rows = [
         model.tokenizer.encode(t).ids
         for t in ("A man rides a horse.", "Peter lives in Berlin", "to be or not")
     ]
     if model.task == "text-generation":
-        kv = model.manifest["kv_cache"]
+        layout = CacheLayout.of(required(model.manifest.kv_cache))
         feeds = pad_batch(rows, 0)
         feeds.pop("token_type_ids")
         feeds["position_ids"] = np.clip(np.cumsum(feeds["attention_mask"], 1) - 1, 0, None)
-        for i in range(kv["num_layers"]):
-            for k in ("key", "value"):
-                feeds[kv[f"past_{k}"].format(i=i)] = np.zeros(
-                    (3, kv["num_heads"], 0, kv["head_dim"]), np.float32
-                )
+        feeds.update(zip(layout.past_names, layout.empty(3), strict=True))
         return feeds
-    return pad_batch(rows, model.manifest["special_tokens"]["pad"])
+    return pad_batch(rows, model.manifest.token("pad"))
 
 
 @pytest.mark.parametrize("name", [n for n in MODEL_NAMES if n != "translator"])

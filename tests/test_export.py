@@ -10,13 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from parity import check_close, check_outputs_equal
 
 from model_export.builders import BUILDERS
 from model_export.builders.common import Trained
 from model_export.evaluate import METRIC_KEYS
 from model_export.onnx_export import check_parity
 from model_export.profiles import MODEL_NAMES
-from service.engine.manifest import content_version, file_sha256
+from service.engine.kv_cache import CacheLayout
+from service.engine.manifest import Manifest, content_version, file_sha256, required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import logprobs
@@ -60,6 +62,13 @@ def test_manifest_is_complete_and_consistent(tiny_models: Path, name: str) -> No
     if manifest["task"] in ("text-generation", "translation"):
         kv = manifest["kv_cache"]
         assert kv["axes"] == ["batch", "num_heads", "past_sequence", "head_dim"]
+    typed = Manifest.model_validate(manifest)  # what export writes is what the service parses
+    if typed.kv_cache is not None:
+        decoder = typed.graphs["decoder" if typed.task == "translation" else "model"]
+        inputs = [t.name for t in decoder.inputs]
+        outputs = [t.name for t in decoder.outputs]
+        assert typed.kv_cache.past_names == [n for n in inputs if n.startswith("past_")]
+        assert typed.kv_cache.present_names == [n for n in outputs if n.startswith("present_")]
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -77,10 +86,10 @@ def test_torch_and_onnxruntime_agree_on_every_graph(tiny_models: Path, name: str
 def _gpt_feeds(
     model: LoadedModel, ids: np.ndarray, mask: np.ndarray, past: list[np.ndarray] | None
 ) -> dict[str, np.ndarray]:
-    kv = model.manifest["kv_cache"]
-    names = [kv[f"past_{k}"].format(i=i) for i in range(kv["num_layers"]) for k in ("key", "value")]
+    layout = CacheLayout.of(required(model.manifest.kv_cache))
+    names = layout.past_names
     if past is None:  # an empty (zero-length) past
-        past = [np.zeros((ids.shape[0], kv["num_heads"], 0, kv["head_dim"]), np.float32) for _ in names]
+        past = layout.empty(ids.shape[0])
     positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)[:, -ids.shape[1] :]
     return {
         "input_ids": ids,
@@ -113,7 +122,12 @@ def _gpt_greedy(model: LoadedModel, prompts: list[list[int]], steps: int, cached
 
 def test_gpt_cached_greedy_equals_recomputation_batch_1(gpt: LoadedModel) -> None:
     prompt = gpt.tokenizer.encode("ROMEO:\nWhat light").ids
-    assert _gpt_greedy(gpt, [prompt], 20, cached=True) == _gpt_greedy(gpt, [prompt], 20, cached=False)
+    check_outputs_equal(
+        _gpt_greedy(gpt, [prompt], 20, cached=True),
+        _gpt_greedy(gpt, [prompt], 20, cached=False),
+        name_a="KV-cached",
+        name_b="recomputed",
+    )
 
 
 def test_gpt_cached_greedy_equals_recomputation_left_padded(gpt: LoadedModel) -> None:
@@ -122,8 +136,14 @@ def test_gpt_cached_greedy_equals_recomputation_left_padded(gpt: LoadedModel) ->
         for t in ("First Citizen:\nBefore we", "KING:", "O, what a rogue and peasant")
     ]
     batched = _gpt_greedy(gpt, prompts, 16, cached=True)
-    assert batched == _gpt_greedy(gpt, prompts, 16, cached=False)
-    assert batched == [_gpt_greedy(gpt, [p], 16, cached=False)[0] for p in prompts]  # padding changes nothing
+    check_outputs_equal(
+        batched,
+        _gpt_greedy(gpt, prompts, 16, cached=False),
+        name_a="KV-cached batch",
+        name_b="recomputed batch",
+    )
+    alone = [_gpt_greedy(gpt, [p], 16, cached=False)[0] for p in prompts]  # padding changes nothing
+    check_outputs_equal(batched, alone, name_a="KV-cached batch", name_b="recomputed alone")
 
 
 def test_gpt_zero_length_past(gpt: LoadedModel) -> None:
@@ -146,7 +166,7 @@ def _translator_recompute(model: LoadedModel, source: list[int], steps: int) -> 
             "position_ids": np.arange(len(tokens), dtype=np.int64)[None],
             s2s.cross_mask_name: src_mask,
             **cross,
-            **dict(zip(s2s.past_names, s2s._empty_past(1), strict=True)),
+            **dict(zip(s2s.layout.past_names, s2s.layout.empty(1), strict=True)),
         }
         nxt = int(logprobs(model.graphs["decoder"].run(feeds)[0][0, -1]).argmax())
         if nxt == s2s.eos_id:
@@ -161,10 +181,21 @@ def test_translator_cached_greedy_equals_recomputation(translator: LoadedModel) 
     texts = ["A man is riding a bike.", "Two dogs play in the snow near a small red house.", "Hello"]
     sources = [[*translator.tokenizer.encode(t).ids, s2s.eos_id] for t in texts]
     batched = s2s.greedy(sources, 12)  # right-padded sources of different lengths in one batch
-    for source, hyp in zip(sources, batched, strict=True):
-        assert hyp.tokens == _translator_recompute(translator, source, 12)[: len(hyp.tokens)]
+    recomputed = [_translator_recompute(translator, s, 12) for s in sources]
+    check_outputs_equal(
+        [h.tokens for h in batched],
+        [full[: len(h.tokens)] for full, h in zip(recomputed, batched, strict=True)],
+        name_a="KV-cached batch",
+        name_b="recomputed alone",
+    )
+    for hyp in batched:
         assert len(hyp.tokens) == 12 or hyp.finished
-    assert [h.tokens for h in batched] == [s2s.greedy([s], 12)[0].tokens for s in sources]
+    check_outputs_equal(
+        [h.tokens for h in batched],
+        [s2s.greedy([s], 12)[0].tokens for s in sources],
+        name_a="KV-cached batch",
+        name_b="KV-cached alone",
+    )
 
 
 def test_translator_decoder_left_padding_changes_nothing(translator: LoadedModel) -> None:
@@ -182,13 +213,13 @@ def test_translator_decoder_left_padding_changes_nothing(translator: LoadedModel
             "position_ids": positions[None].astype(np.int64),
             s2s.cross_mask_name: src_mask,
             **cross,
-            **dict(zip(s2s.past_names, s2s._empty_past(1), strict=True)),
+            **dict(zip(s2s.layout.past_names, s2s.layout.empty(1), strict=True)),
         }
         return translator.graphs["decoder"].run(feeds)[0][0]
 
     plain = run(prefix, [1] * len(prefix))
     padded = run([0] * pad + prefix, [0] * pad + [1] * len(prefix))
-    np.testing.assert_allclose(plain, padded[pad:], atol=1e-4)
+    check_close(plain, padded[pad:], atol=1e-4, name_a="unpadded", name_b="left-padded")
 
 
 def test_beam_one_equals_greedy(translator: LoadedModel) -> None:
@@ -199,7 +230,7 @@ def test_beam_one_equals_greedy(translator: LoadedModel) -> None:
     ]
     greedy = [h.tokens for h in s2s.greedy(sources, 15)]
     beam = [r[0].tokens for r in s2s.beam_search(sources, 1, 15)]
-    assert beam == greedy
+    check_outputs_equal(beam, greedy, name_a="beam 1", name_b="greedy")
 
 
 def test_beam_search_returns_sorted_distinct_hypotheses(translator: LoadedModel) -> None:
@@ -285,4 +316,10 @@ def test_export_alone_rebuilds_from_the_checkpoint(tiny_models: Path, tmp_path: 
     trained = Trained.load(out / ".work" / "vit" / "trained.pt")
     with torch.no_grad():
         expected = trained.model(torch.from_numpy(pixels)).numpy()
-    np.testing.assert_allclose(model.graphs["model"].run({"pixel_values": pixels})[0], expected, atol=1e-4)
+    check_close(
+        model.graphs["model"].run({"pixel_values": pixels})[0],
+        expected,
+        atol=1e-4,
+        name_a="onnxruntime",
+        name_b="torch",
+    )

@@ -15,26 +15,28 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from parity import check_close, check_outputs_equal
 
-from service.engine.errors import QueueFullError, QueueTimeoutError
-from service.engine.generation import (
-    CacheLayout,
-    DecoderGraph,
+from service.engine.continuous_batching import GenerationEngine
+from service.engine.decoder_graph import DecoderGraph
+from service.engine.detokenizer import IncrementalDetokenizer
+from service.engine.errors import PromptError, QueueFullError, QueueTimeoutError
+from service.engine.generation_contract import (
     GenerationCancelledError,
-    GenerationEngine,
     GenerationRequest,
     GenerationResult,
-    GenerationStream,
-    IncrementalDetokenizer,
-    KVCache,
     NullGenerationObserver,
     TokenEvent,
 )
+from service.engine.generation_stream import GenerationStream
+from service.engine.kv_cache import CacheLayout, KVCache
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel, ModelLoadError, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import SamplingParams, TokenSampler
@@ -103,7 +105,7 @@ def recompute(
     gpt: LoadedModel, prompts: Sequence[list[int]], params: Sequence[SamplingParams], steps: int
 ) -> list[list[int]]:
     """Reference decoding without a cache: every step runs the whole left-padded prefix with an empty past."""
-    layout = CacheLayout.from_manifest(gpt.manifest)
+    layout = CacheLayout.of(required(gpt.manifest.kv_cache))
     session = gpt.graphs["model"].session
     samplers = [TokenSampler(p) for p in params]
     sequences = [list(p) for p in prompts]
@@ -134,11 +136,11 @@ def test_cached_decoding_equals_recomputation_alone(gpt: LoadedModel) -> None:
     reference = recompute(gpt, [prompt], [GREEDY], 30)[0]
 
     async def scenario(engine: GenerationEngine) -> tuple[list[TokenEvent], GenerationResult]:
-        return await collect(engine.submit(GenerationRequest(prompt, 30, GREEDY)))
+        return await collect(engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=30))))
 
     events, result = run_engine(gpt, scenario)
     check_stream(events, result)
-    assert result.token_ids == reference
+    check_outputs_equal([result.token_ids], [reference], name_a="engine (KV cache)", name_b="recomputed")
     assert result.finish_reason == "length"
     assert len(set(reference)) > 3, "the reference should not be one repeated token"
 
@@ -149,14 +151,23 @@ def test_cached_decoding_equals_recomputation_left_padded_batch(gpt: LoadedModel
     steps = 64 - max(map(len, prompts))
     batched_reference = recompute(gpt, prompts, [GREEDY] * 3, steps)
     solo_reference = [recompute(gpt, [p], [GREEDY], steps)[0] for p in prompts]
-    assert batched_reference == solo_reference
+    check_outputs_equal(
+        batched_reference, solo_reference, name_a="recomputed batch", name_b="recomputed alone"
+    )
 
     async def scenario(engine: GenerationEngine) -> list[GenerationResult]:
-        streams = [engine.submit(GenerationRequest(p, steps, GREEDY)) for p in prompts]  # one prefill
+        streams = [
+            engine.submit(GenerationRequest(p, replace(GREEDY, max_new_tokens=steps))) for p in prompts
+        ]  # one prefill
         return list(await asyncio.gather(*(s.result() for s in streams)))
 
     results = run_engine(gpt, scenario)
-    assert [r.token_ids for r in results] == solo_reference
+    check_outputs_equal(
+        [r.token_ids for r in results],
+        solo_reference,
+        name_a="engine batch (KV cache)",
+        name_b="recomputed alone",
+    )
 
 
 def test_zero_length_past_prefill_then_one_step(gpt: LoadedModel) -> None:
@@ -164,14 +175,14 @@ def test_zero_length_past_prefill_then_one_step(gpt: LoadedModel) -> None:
     layout = graph.layout
     prompt = encode(gpt, PROMPTS[4])
     logits, cache = graph.prefill([prompt])  # empty past: (1, H, 0, Dh)
-    assert logits.shape == (1, gpt.manifest["config"]["vocab_size"])
+    assert logits.shape == (1, gpt.manifest.config["vocab_size"])
     assert cache.width == len(prompt) and cache.lengths.tolist() == [len(prompt)]
     assert all(t.shape == (1, layout.num_heads, len(prompt), layout.head_dim) for t in cache.tensors)
 
     token = int(np.argmax(logits[0]))
     step_logits, grown = graph.decode(np.array([token]), cache)
     full_logits, _ = graph.prefill([[*prompt, token]])  # the same prefix recomputed from scratch
-    np.testing.assert_allclose(step_logits, full_logits, rtol=1e-4, atol=1e-4)
+    check_close(step_logits, full_logits, rtol=1e-4, atol=1e-4, name_a="decode step", name_b="prefill")
     assert grown.width == len(prompt) + 1
 
 
@@ -202,7 +213,7 @@ def test_kv_cache_join_pads_left_and_leave_trims() -> None:
 
 def requests(gpt: LoadedModel, params: Callable[[int], SamplingParams]) -> list[GenerationRequest]:
     return [
-        GenerationRequest(encode(gpt, text), max_new, params(i))
+        GenerationRequest(encode(gpt, text), replace(params(i), max_new_tokens=max_new))
         for i, (text, max_new) in enumerate(zip(PROMPTS, MAX_NEW, strict=True))
     ]
 
@@ -256,7 +267,7 @@ def test_concurrent_generations_match_solo_runs(gpt: LoadedModel, kind: str) -> 
     assert len({tuple(r.token_ids) for r in alone}) == len(reqs)
     assert {r.finish_reason for r in alone} == {"length"}
     for req, result in zip(reqs, alone, strict=True):  # max_new_tokens, or the context, whichever is first
-        assert result.completion_tokens == min(req.max_new_tokens, 64 - len(req.prompt_ids))
+        assert result.completion_tokens == min(req.sampling.max_new_tokens, 64 - len(req.prompt_ids))
 
     for scenario, options in [
         (together, {}),
@@ -265,9 +276,12 @@ def test_concurrent_generations_match_solo_runs(gpt: LoadedModel, kind: str) -> 
     ]:
         steps.clear()
         shared = run_engine(gpt, lambda e, s=scenario: s(e, reqs), observer=Steps(), **options)
-        assert [r.token_ids for r in shared] == [r.token_ids for r in alone], scenario.__name__
-        assert [r.text for r in shared] == [r.text for r in alone]
-        assert [r.finish_reason for r in shared] == [r.finish_reason for r in alone]
+        check_outputs_equal(
+            [(r.token_ids, r.text, r.finish_reason) for r in shared],
+            [(r.token_ids, r.text, r.finish_reason) for r in alone],
+            name_a=f"shared ({scenario.__name__}, {options})",
+            name_b="alone",
+        )
         assert max(steps) > 1, "the sequences should really have shared steps"
         assert max(steps) <= options.get("max_running", 8)
 
@@ -281,22 +295,36 @@ def test_seed_length_context_limit_and_stop_string(gpt: LoadedModel) -> None:
 
     async def scenario(engine: GenerationEngine) -> dict[str, tuple[list[TokenEvent], GenerationResult]]:
         out = {
-            "seed_a": await collect(engine.submit(GenerationRequest(prompt, 30, sampled(7)))),
-            "seed_b": await collect(engine.submit(GenerationRequest(prompt, 30, sampled(7)))),
-            "context": await collect(engine.submit(GenerationRequest(long_prompt, 50, GREEDY))),
-            "free": await collect(engine.submit(GenerationRequest(prompt, 40, GREEDY))),
+            "seed_a": await collect(
+                engine.submit(GenerationRequest(prompt, replace(sampled(7), max_new_tokens=30)))
+            ),
+            "seed_b": await collect(
+                engine.submit(GenerationRequest(prompt, replace(sampled(7), max_new_tokens=30)))
+            ),
+            "context": await collect(
+                engine.submit(GenerationRequest(long_prompt, replace(GREEDY, max_new_tokens=50)))
+            ),
+            "free": await collect(
+                engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=40)))
+            ),
         }
         text = out["free"][1].text
         stop = text[12:15]
-        out["stop"] = await collect(engine.submit(GenerationRequest(prompt, 40, GREEDY, stop=("@@@", stop))))
+        out["stop"] = await collect(
+            engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=40, stop=("@@@", stop))))
+        )
         return out
 
     runs = run_engine(gpt, scenario)
     for events, result in runs.values():
         check_stream(events, result)
 
-    assert runs["seed_a"][1].text == runs["seed_b"][1].text
-    assert runs["seed_a"][1].token_ids == runs["seed_b"][1].token_ids
+    check_outputs_equal(
+        [(runs["seed_a"][1].token_ids, runs["seed_a"][1].text)],
+        [(runs["seed_b"][1].token_ids, runs["seed_b"][1].text)],
+        name_a="seed 7, first run",
+        name_b="seed 7, second run",
+    )
     assert runs["seed_a"][1].finish_reason == "length" and runs["seed_a"][1].completion_tokens == 30
     assert runs["context"][1].finish_reason == "length" and runs["context"][1].completion_tokens == 3
 
@@ -350,8 +378,8 @@ def test_cancel_mid_stream_stops_the_sequence(gpt: LoadedModel) -> None:
     long_prompt, other_prompt = encode(gpt, PROMPTS[0]), encode(gpt, PROMPTS[1])
 
     async def scenario(engine: GenerationEngine) -> None:
-        doomed = engine.submit(GenerationRequest(long_prompt, 60, GREEDY))
-        other = engine.submit(GenerationRequest(other_prompt, 50, GREEDY))
+        doomed = engine.submit(GenerationRequest(long_prompt, replace(GREEDY, max_new_tokens=60)))
+        other = engine.submit(GenerationRequest(other_prompt, replace(GREEDY, max_new_tokens=50)))
         seen = []
         async for event in doomed:
             seen.append(event)
@@ -378,13 +406,13 @@ def test_abandoned_iteration_cancels(gpt: LoadedModel) -> None:
     prompt = encode(gpt, PROMPTS[2])
 
     async def scenario(engine: GenerationEngine) -> None:
-        closed = engine.submit(GenerationRequest(prompt, 50, GREEDY))
+        closed = engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=50)))
         iterator = closed.__aiter__()
         await iterator.__anext__()
         await iterator.aclose()  # what a server does with the stream of a client that went away
         assert engine.cancelled_sequences == 1
 
-        stream = engine.submit(GenerationRequest(prompt, 50, GREEDY))
+        stream = engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=50)))
         first = asyncio.Event()
 
         async def reader() -> None:
@@ -411,16 +439,22 @@ def test_full_queue_and_oversized_prompt(gpt: LoadedModel) -> None:
     prompt = encode(gpt, PROMPTS[1])
 
     async def scenario(engine: GenerationEngine) -> None:
-        with pytest.raises(ValueError, match="context"):
-            engine.submit(GenerationRequest(list(range(1, 65)), 5, GREEDY))  # 64 tokens: no room left
-        waiting = [engine.submit(GenerationRequest(prompt, 5, GREEDY)) for _ in range(2)]
+        with pytest.raises(PromptError, match="context"):
+            engine.submit(
+                GenerationRequest(list(range(1, 65)), replace(GREEDY, max_new_tokens=5))
+            )  # 64 tokens: no room left
+        waiting = [
+            engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5))) for _ in range(2)
+        ]
         assert engine.waiting == 2  # submit never yields, so the loop has not admitted them yet
         with pytest.raises(QueueFullError) as info:
-            engine.submit(GenerationRequest(prompt, 5, GREEDY))
+            engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5)))
         assert info.value.retry_after_s >= 1
         for stream in waiting:
             assert (await stream.result()).completion_tokens == 5
-        tight = await engine.submit(GenerationRequest(list(range(1, 64)), 5, GREEDY)).result()
+        tight = await engine.submit(
+            GenerationRequest(list(range(1, 64)), replace(GREEDY, max_new_tokens=5))
+        ).result()
         assert tight.completion_tokens == 1 and tight.finish_reason == "length"
 
     run_engine(gpt, scenario, max_queue_size=2)
@@ -438,7 +472,7 @@ def test_queue_timeout(gpt: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Non
     prompt = encode(gpt, PROMPTS[1])
 
     async def scenario(engine: GenerationEngine) -> None:
-        running = engine.submit(GenerationRequest(prompt, 5, GREEDY))
+        running = engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5)))
         prefilled = asyncio.Event()
 
         async def reader() -> None:
@@ -447,7 +481,9 @@ def test_queue_timeout(gpt: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Non
 
         task = asyncio.create_task(reader())
         await prefilled.wait()  # its first token is out, so it holds the only place; its next step blocks
-        late = engine.submit(GenerationRequest(prompt, 5, GREEDY))  # no place while max_running = 1
+        late = engine.submit(
+            GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5))
+        )  # no place while max_running = 1
         with pytest.raises(QueueTimeoutError):
             await late.result()
         gate.set()
@@ -469,9 +505,16 @@ def test_cuda_io_binding_matches_recomputation_and_solo_runs(tiny_models: Path) 
         pytest.skip(f"no usable CUDAExecutionProvider: {exc}")
     assert gpu.graphs["model"].on_cuda
     reqs = requests(gpu, lambda i: GREEDY)
-    reference = recompute(gpu, [reqs[3].prompt_ids], [GREEDY], reqs[3].max_new_tokens)[0]
+    reference = recompute(gpu, [reqs[3].prompt_ids], [GREEDY], reqs[3].sampling.max_new_tokens)[0]
     alone = run_engine(gpu, lambda e: solo(e, reqs))
-    assert alone[3].token_ids == reference
+    check_outputs_equal(
+        [alone[3].token_ids], [reference], name_a="CUDA engine (KV cache)", name_b="CUDA recomputed"
+    )
     for scenario in (together, staggered):
         shared = run_engine(gpu, lambda e, s=scenario: s(e, reqs))
-        assert [r.token_ids for r in shared] == [r.token_ids for r in alone], scenario.__name__
+        check_outputs_equal(
+            [r.token_ids for r in shared],
+            [r.token_ids for r in alone],
+            name_a=f"CUDA shared ({scenario.__name__})",
+            name_b="CUDA alone",
+        )

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from service.engine.errors import BatcherClosedError, QueueTimeoutError
-from service.engine.generation import GenerationCancelledError
+from service.engine.generation_contract import GenerationCancelledError
 from service.pipelines.generate import OpenStream
 
 from .schemas.errors import ErrorBody, ErrorDetail

@@ -13,21 +13,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from service.engine.errors import (
-    BatcherClosedError,
-    EngineError,
-    InferenceError,
-    QueueFullError,
-    QueueTimeoutError,
-)
+from .errors import BatcherClosedError, EngineError, InferenceError, QueueFullError, QueueTimeoutError
+from .worker import ModelWorker, with_defaults
 
 __all__ = [
     "BatchPolicy",
@@ -46,9 +39,6 @@ log = logging.getLogger(__name__)
 In = TypeVar("In")
 Out = TypeVar("Out")
 T = TypeVar("T")
-
-# Weight of the newest batch in the running average used for Retry-After.
-_EWMA_ALPHA = 0.2
 
 
 @dataclass
@@ -151,13 +141,15 @@ class _Entry(Generic[In, Out]):
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
-class DynamicBatcher(Generic[In, Out]):
+class DynamicBatcher(ModelWorker, Generic[In, Out]):
     """Queue + batching task for one model.
 
     ``run_batch`` is blocking and returns one result or exception per item, in order. It
-    runs on a single-thread executor owned by this batcher, so one model never runs two
-    batches at once, and a slow model does not starve another model's batcher.
+    runs on the worker's single-thread executor, so one model never runs two batches at
+    once, and a slow model does not starve another model's batcher.
     """
+
+    kind = "batcher"
 
     def __init__(
         self,
@@ -166,45 +158,28 @@ class DynamicBatcher(Generic[In, Out]):
         run_batch: Callable[[list[In]], Sequence[Out | BaseException]],
         observer: BatcherObserver | None = None,
     ) -> None:
-        self.name = name
+        self._observer: BatcherObserver = with_defaults(observer, NullObserver)
+        super().__init__(name, policy.max_queue_size, policy.max_batch_size, self._observer.on_reject)
         self.policy = policy
         self._run_batch = run_batch
-        self._observer: BatcherObserver = observer if observer is not None else NullObserver()
         self._queue: deque[_Entry[In, Out]] = deque()
-        self._wakeup = asyncio.Event()
-        self._worker: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._closed = False
         self._in_flight = 0
-        self._avg_batch_s = 0.0
-        self.dropped_cancelled = 0
-        self.rejected_full = 0
-        self.expired = 0
 
-    # --- public API ---------------------------------------------------------------
+    # --- public API (start, admit, retry_after_s, stop: ModelWorker) ------------------
+
+    @property
+    def waiting(self) -> int:
+        """Entries waiting in the queue (not counting the batch being computed)."""
+        return len(self._queue)
 
     @property
     def depth(self) -> int:
-        """Entries waiting in the queue (not counting the batch being computed)."""
-        return len(self._queue)
+        return self.waiting
 
     @property
     def in_flight(self) -> int:
         """Entries taken into the batch now being computed."""
         return self._in_flight
-
-    @property
-    def running(self) -> bool:
-        return self._worker is not None and not self._closed
-
-    async def start(self) -> None:
-        """Start the batching task on the running loop; idempotent."""
-        if self._closed:
-            raise BatcherClosedError(self.name, "stopped")
-        if self._worker is not None:
-            return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batcher-{self.name}")
-        self._worker = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
 
     async def submit(self, item: In, cost: int) -> Out:
         """Queue ``item`` (``cost`` = its token length) and wait for its result.
@@ -213,13 +188,8 @@ class DynamicBatcher(Generic[In, Out]):
         cancelled while the entry still waits, the entry is removed and never reaches
         the model.
         """
-        if not self.running:
-            self._observer.on_reject("closed")
-            raise BatcherClosedError(self.name, "not started" if self._worker is None else "shutting down")
-        if len(self._queue) >= self.policy.max_queue_size:
-            self.rejected_full += 1
-            self._observer.on_reject("queue_full")
-            raise QueueFullError(self.name, len(self._queue), self.retry_after_s())
+        self.check_open()
+        self.admit(1)
         loop = asyncio.get_running_loop()
         entry: _Entry[In, Out] = _Entry(item, cost, loop.create_future(), time.monotonic())
         entry.timer = loop.call_later(self.policy.queue_timeout_s, self._expire, entry)
@@ -231,43 +201,6 @@ class DynamicBatcher(Generic[In, Out]):
         except asyncio.CancelledError:
             self._drop_cancelled(entry)
             raise
-
-    def admit(self, count: int) -> None:
-        """Raise ``QueueFullError`` (and count the refusal) unless ``count`` more items fit the queue now.
-
-        For callers that queue several items at once and want all of them or none.
-        """
-        if not self.running:
-            return  # submit() reports it
-        if len(self._queue) + count > self.policy.max_queue_size:
-            self.rejected_full += 1
-            self._observer.on_reject("queue_full")
-            raise QueueFullError(self.name, len(self._queue), self.retry_after_s())
-
-    def retry_after_s(self) -> int:
-        """Whole seconds until the queue has likely drained: queued batches x recent batch time, >= 1."""
-        batches_ahead = math.ceil((len(self._queue) + 1) / self.policy.max_batch_size)
-        return max(1, math.ceil(batches_ahead * self._avg_batch_s))
-
-    async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
-        """Stop accepting; finish queued work (``drain``) and the batch in flight within ``timeout_s``.
-
-        Whatever is still unanswered after that fails with ``BatcherClosedError``. The
-        model call in flight cannot be interrupted; its thread finishes on its own.
-        """
-        self._closed = True
-        if not drain:
-            self._fail_queued()
-        self._wakeup.set()
-        if self._worker is not None and not self._worker.done():
-            _, pending = await asyncio.wait({self._worker}, timeout=timeout_s)
-            if pending:
-                log.warning("batcher %s: stop timed out after %.1fs, failing the rest", self.name, timeout_s)
-                self._worker.cancel()
-                await asyncio.wait({self._worker})
-        self._fail_queued()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
 
     # --- queue bookkeeping ----------------------------------------------------------
 
@@ -285,7 +218,6 @@ class DynamicBatcher(Generic[In, Out]):
         self._count_cancelled(1)
 
     def _count_cancelled(self, n: int) -> None:
-        self.dropped_cancelled += n
         for _ in range(n):
             self._observer.on_reject("cancelled")
 
@@ -294,17 +226,17 @@ class DynamicBatcher(Generic[In, Out]):
         if entry.taken or entry.future.done():
             return
         self._remove(entry)
-        self.expired += 1
         self._observer.on_reject("timeout")
         entry.future.set_exception(QueueTimeoutError(self.name, time.monotonic() - entry.enqueued_at))
 
-    def _fail_queued(self) -> None:
+    def _fail_pending(self, error: BaseException, drained: bool) -> None:
+        """Fail what still waits; the batch in flight is failed by ``_execute`` when the loop is cancelled."""
         while self._queue:
             entry = self._queue[0]
             self._remove(entry)
             if not entry.future.done():
                 self._observer.on_reject("closed")
-                entry.future.set_exception(BatcherClosedError(self.name))
+                entry.future.set_exception(error)
 
     # --- batching task -----------------------------------------------------------------
 
@@ -390,25 +322,19 @@ class DynamicBatcher(Generic[In, Out]):
         finally:
             self._in_flight = 0
             self._observer.on_in_flight(0)
-        elapsed = time.monotonic() - started
-        self._avg_batch_s = (
-            elapsed
-            if self._avg_batch_s == 0
-            else (_EWMA_ALPHA * elapsed + (1 - _EWMA_ALPHA) * self._avg_batch_s)
-        )
+        self._record(time.monotonic() - started)
 
     async def _run_sub_batch(self, entries: list[_Entry[In, Out]]) -> None:
-        loop = asyncio.get_running_loop()
         started = time.monotonic()
         queue_seconds = [started - e.enqueued_at for e in entries]
-        results = await self._call(loop, entries)
+        results = await self._call(entries)
         if len(entries) > 1 and all(isinstance(r, InferenceError) for r in results):
             # The whole call failed: find the culprit(s) by running each item alone, so one bad input
             # fails its own request and the others in the batch still get their answers.
             log.warning(
                 "batcher %s: a batch of %d failed; retrying its items one by one", self.name, len(entries)
             )
-            results = [(await self._call(loop, [entry]))[0] for entry in entries]
+            results = [(await self._call([entry]))[0] for entry in entries]
         compute_seconds = time.monotonic() - started
         padded = max(e.cost for e in entries) * len(entries)
         self._observer.on_batch(len(entries), padded, queue_seconds, compute_seconds)
@@ -420,12 +346,10 @@ class DynamicBatcher(Generic[In, Out]):
             else:
                 entry.future.set_result(result)
 
-    async def _call(
-        self, loop: asyncio.AbstractEventLoop, entries: list[_Entry[In, Out]]
-    ) -> Sequence[Out | BaseException]:
+    async def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:
         """One model call; if it raises, every item of it gets an InferenceError (logged once, with traceback)."""
         try:
-            results = await loop.run_in_executor(self._executor, self._run_batch, [e.item for e in entries])
+            results = await self._in_thread(self._run_batch, [e.item for e in entries])
         except Exception as exc:
             log.error("batcher %s: model call on %d item(s) failed", self.name, len(entries), exc_info=exc)
             error = InferenceError(self.name, exc)

@@ -45,3 +45,15 @@ class InferenceError(EngineError):
     def __init__(self, model: str, cause: BaseException) -> None:
         super().__init__(f"model {model!r} failed on this input: {type(cause).__name__}: {str(cause)[:500]}")
         self.model = model
+
+
+class PromptError(EngineError):
+    """A prompt the model cannot take: no tokens, ids outside its vocabulary, or no room for a new token.
+
+    ``reason`` is the client-facing word (``empty``, ``too_long``, ``unknown_token``).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason

@@ -1,16 +1,36 @@
-"""The model-repository contract shared by export (writer) and service (reader): names, hashing, tasks."""
+"""manifest.json, typed: the contract between export (writer) and service (reader).
+
+``docs/MODEL_REPOSITORY.md`` describes every key. The export stage validates
+what it writes against ``Manifest`` and the service parses each folder's
+manifest into it once, at load; everything after that reads attributes, not
+string keys. Descriptive sections that nothing in the service reads
+(``architecture``, ``training``, ``export``, ``validation``, ...) are kept as
+they are (``extra="allow"``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
+Task = Literal[
+    "translation",
+    "text-classification",
+    "question-answering",
+    "token-classification",
+    "text-generation",
+    "image-classification",
+]
+
 # task -> graphs the folder must hold
-TASK_GRAPHS = {
+TASK_GRAPHS: dict[str, tuple[str, ...]] = {
     "translation": ("encoder", "decoder"),
     "text-classification": ("model",),
     "question-answering": ("model",),
@@ -18,13 +38,159 @@ TASK_GRAPHS = {
     "text-generation": ("model",),
     "image-classification": ("model",),
 }
-TEXT_TASKS = {
-    "translation",
-    "text-classification",
-    "question-answering",
-    "token-classification",
-    "text-generation",
+TEXT_TASKS = frozenset(TASK_GRAPHS) - {"image-classification"}
+# task -> manifest sections it cannot run without
+TASK_SECTIONS: dict[str, tuple[str, ...]] = {
+    "translation": (
+        "max_sequence_length",
+        "max_source_length",
+        "max_target_length",
+        "kv_cache",
+        "cross_attention",
+    ),
+    "text-classification": ("max_sequence_length", "labels"),
+    "question-answering": ("max_sequence_length", "qa"),
+    "token-classification": ("max_sequence_length", "labels"),
+    "text-generation": ("max_sequence_length", "kv_cache"),
+    "image-classification": ("labels", "preprocessing"),
 }
+
+S = TypeVar("S")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class FileEntry(_Section):
+    sha256: str
+    bytes: int
+
+
+class TensorSpec(_Section):
+    name: str
+    dtype: str
+    shape: list[str | int]  # axis names in order; an integer is a fixed size
+
+
+class GraphEntry(_Section):
+    file: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    parity_max_abs_diff: float | None = None  # torch vs ONNX Runtime, measured at export
+    parity_tolerance: float | None = None
+
+
+class KVCacheSpec(_Section):
+    """A decoder's self-attention cache: one key and one value tensor per layer, (batch, heads, past, head_dim)."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    dtype: str = "float32"
+    axes: list[str] = ["batch", "num_heads", "past_sequence", "head_dim"]
+    past_key: str = "past_key.{i}"
+    past_value: str = "past_value.{i}"
+    present_key: str = "present_key.{i}"
+    present_value: str = "present_value.{i}"
+
+    @property
+    def past_names(self) -> list[str]:
+        """Graph inputs: past_key.0, past_value.0, past_key.1, ..."""
+        return [name.format(i=i) for i in range(self.num_layers) for name in (self.past_key, self.past_value)]
+
+    @property
+    def present_names(self) -> list[str]:
+        """Graph outputs, in the order of ``past_names``."""
+        return [
+            name.format(i=i)
+            for i in range(self.num_layers)
+            for name in (self.present_key, self.present_value)
+        ]
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        return np.dtype(self.dtype)
+
+
+class CrossAttentionSpec(_Section):
+    """The translator's encoder outputs: every decoder layer's cross-attention keys/values, and the mask input."""
+
+    num_layers: int
+    axes: list[str]
+    key: str = "cross_key.{i}"
+    value: str = "cross_value.{i}"
+    mask_input: str = "encoder_attention_mask"
+
+    @property
+    def names(self) -> list[str]:
+        return [name.format(i=i) for i in range(self.num_layers) for name in (self.key, self.value)]
+
+
+class QASpec(_Section):
+    stride: int  # overlap between windows, in tokens
+    max_question_length: int
+    max_answer_length: int
+
+
+class Preprocessing(_Section):
+    """How the ViT's training images were prepared; serving does exactly the same."""
+
+    color_mode: str
+    image_size: tuple[int, int]  # (height, width)
+    resample: str
+    scale: float
+    mean: list[float]
+    std: list[float]
+    layout: str = "NCHW"
+    note: str | None = None
+
+
+class Manifest(BaseModel):
+    """One model folder's manifest.json."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    format_version: int
+    name: str | None = None  # must equal the folder name (checked at load)
+    task: Task
+    version: str  # content hash of the served files
+    files: dict[str, FileEntry]
+    graphs: dict[str, GraphEntry]
+    architecture: str | None = None
+    description: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    labels: list[str] | None = None
+    max_sequence_length: int | None = None
+    max_source_length: int | None = None
+    max_target_length: int | None = None
+    special_tokens: dict[str, int] = Field(default_factory=dict)
+    source_suffix: list[int] | None = None
+    kv_cache: KVCacheSpec | None = None
+    cross_attention: CrossAttentionSpec | None = None
+    qa: QASpec | None = None
+    preprocessing: Preprocessing | None = None
+
+    @model_validator(mode="after")
+    def _task_sections(self) -> Manifest:
+        missing = [g for g in TASK_GRAPHS[self.task] if g not in self.graphs]
+        if missing:
+            raise ValueError(f"task {self.task} needs graphs {missing}")
+        absent = [s for s in TASK_SECTIONS[self.task] if getattr(self, s) is None]
+        if absent:
+            raise ValueError(f"task {self.task} needs {', '.join(absent)}")
+        return self
+
+    def token(self, name: str) -> int:
+        """A special token's id (``pad``, ``eos``, ...); a manifest without it is a broken export."""
+        assert name in self.special_tokens, f"manifest of {self.name} has no special token {name!r}"
+        return self.special_tokens[name]
+
+
+def required(section: S | None) -> S:
+    """A section the model's task requires: ``Manifest`` has checked it is there (``TASK_SECTIONS``)."""
+    assert section is not None, "a section the task requires is missing (Manifest checks this at load)"
+    return section
 
 
 def file_sha256(path: Path) -> str:
@@ -35,7 +201,11 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def content_version(files: dict[str, dict[str, Any]]) -> str:
+def content_version(files: dict[str, Any]) -> str:
     """The model version: a hash over the served files' hashes, so new weights always mean a new version."""
-    joined = "".join(f"{name}:{entry['sha256']}\n" for name, entry in sorted(files.items()))
+    joined = "".join(f"{name}:{_sha256_of(entry)}\n" for name, entry in sorted(files.items()))
     return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def _sha256_of(entry: Any) -> str:
+    return str(entry.sha256 if isinstance(entry, FileEntry) else entry["sha256"])

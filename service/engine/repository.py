@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from .manifest import FORMAT_VERSION, MANIFEST, TASK_GRAPHS, TEXT_TASKS, content_version, file_sha256
+from .manifest import FORMAT_VERSION, MANIFEST, TEXT_TASKS, Manifest, content_version, file_sha256
 from .runtime import Graph, RuntimeOptions
 
 log = logging.getLogger(__name__)
@@ -29,65 +29,60 @@ class ModelLoadError(Exception):
 class LoadedModel:
     name: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     graphs: dict[str, Graph]
     tokenizer: Tokenizer | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def task(self) -> str:
-        return str(self.manifest["task"])
+        return self.manifest.task
 
     @property
     def version(self) -> str:
-        return str(self.manifest["version"])
+        return self.manifest.version
 
     @property
     def provider(self) -> str:
         return next(iter(self.graphs.values())).provider
 
 
-def read_manifest(model_dir: Path) -> dict[str, Any]:
+def read_manifest(model_dir: Path) -> Manifest:
     path = model_dir / MANIFEST
     if not path.is_file():
         raise ModelLoadError(f"no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{MANIFEST} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict):
+    if not isinstance(raw, dict):
         raise ModelLoadError(f"{MANIFEST} is not a JSON object")
-    for key in ("format_version", "task", "version", "files", "graphs"):
-        if key not in manifest:
-            raise ModelLoadError(f"{MANIFEST} lacks '{key}'")
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise ModelLoadError(f"format_version {manifest['format_version']} is not {FORMAT_VERSION}")
-    if manifest["task"] not in TASK_GRAPHS:
-        raise ModelLoadError(f"unknown task {manifest['task']!r}")
-    missing = [g for g in TASK_GRAPHS[manifest["task"]] if g not in manifest["graphs"]]
-    if missing:
-        raise ModelLoadError(f"task {manifest['task']} needs graphs {missing}")
-    return manifest
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise ModelLoadError(f"format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'manifest'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise ModelLoadError(f"{MANIFEST} does not match the contract: {problems}") from exc
 
 
-def verify_files(model_dir: Path, manifest: dict[str, Any], check_hashes: bool = True) -> None:
-    files = manifest["files"]
+def verify_files(model_dir: Path, manifest: Manifest, check_hashes: bool = True) -> None:
+    files = manifest.files
     for name, entry in files.items():
         path = model_dir / name
         if not path.is_file():
             raise ModelLoadError(f"{name} is listed in the manifest but missing")
-        if path.stat().st_size != entry["bytes"]:
-            raise ModelLoadError(
-                f"{name} has {path.stat().st_size} bytes, the manifest says {entry['bytes']}"
-            )
-        if check_hashes and file_sha256(path) != entry["sha256"]:
+        if path.stat().st_size != entry.bytes:
+            raise ModelLoadError(f"{name} has {path.stat().st_size} bytes, the manifest says {entry.bytes}")
+        if check_hashes and file_sha256(path) != entry.sha256:
             raise ModelLoadError(f"{name} does not match its sha256 in the manifest")
-    if content_version(files) != manifest["version"]:
+    if content_version(files) != manifest.version:
         raise ModelLoadError("version is not the content hash of the listed files")
-    for role, graph in manifest["graphs"].items():
-        if graph["file"] not in files:
-            raise ModelLoadError(f"graph {role} file {graph['file']} is not among the hashed files")
-    if manifest["task"] in TEXT_TASKS and "tokenizer.json" not in files:
+    for role, graph in manifest.graphs.items():
+        if graph.file not in files:
+            raise ModelLoadError(f"graph {role} file {graph.file} is not among the hashed files")
+    if manifest.task in TEXT_TASKS and "tokenizer.json" not in files:
         raise ModelLoadError("text model without tokenizer.json")
 
 
@@ -95,18 +90,18 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
     manifest = read_manifest(model_dir)
     verify_files(model_dir, manifest, check_hashes)
     graphs: dict[str, Graph] = {}
-    for role, spec in manifest["graphs"].items():
+    for role, spec in manifest.graphs.items():
         try:
-            graph = Graph(model_dir / spec["file"], options)
+            graph = Graph(model_dir / spec.file, options)
         except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
-            raise ModelLoadError(f"ONNX Runtime cannot load {spec['file']}: {exc}") from exc
+            raise ModelLoadError(f"ONNX Runtime cannot load {spec.file}: {exc}") from exc
         for kind, declared, actual in (
-            ("input", spec["inputs"], graph.input_names),
-            ("output", spec["outputs"], graph.output_names),
+            ("input", spec.inputs, graph.input_names),
+            ("output", spec.outputs, graph.output_names),
         ):
-            names = [io["name"] for io in declared]
+            names = [io.name for io in declared]
             if names != actual:
-                raise ModelLoadError(f"{spec['file']} {kind}s are {actual}, the manifest says {names}")
+                raise ModelLoadError(f"{spec.file} {kind}s are {actual}, the manifest says {names}")
         graphs[role] = graph
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
@@ -114,7 +109,7 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:
             raise ModelLoadError(f"tokenizer.json cannot be read: {exc}") from exc
-    name = manifest.get("name", model_dir.name)
+    name = manifest.name or model_dir.name
     if name != model_dir.name:
         raise ModelLoadError(f"manifest name {name!r} differs from the folder name {model_dir.name!r}")
     return LoadedModel(name, model_dir, manifest, graphs, tokenizer)

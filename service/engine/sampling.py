@@ -1,4 +1,4 @@
-"""Token selection for generation: repetition penalty, greedy, temperature, top-k, top-p (numpy only).
+"""Generation parameters and token selection: repetition penalty, greedy, temperature, top-k, top-p (numpy).
 
 One ``TokenSampler`` per sequence, each with its own random generator, so a seeded
 sequence draws the same tokens whichever other sequences share its batch.
@@ -16,21 +16,26 @@ __all__ = ["SamplingParams", "TokenSampler", "logprobs", "softmax"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick the next token.
+    """How one sequence is generated (vLLM's ``SamplingParams``): how many tokens, where to stop, how to pick.
 
     ``temperature == 0`` (or ``greedy=True``) means argmax. ``top_k == 0`` and
     ``top_p == 1`` switch those filters off; ``repetition_penalty == 1`` switches the
-    penalty off. ``seed`` makes sampling reproducible.
+    penalty off. ``seed`` makes sampling reproducible. ``max_new_tokens`` is also
+    bounded by the model's context (the engine ends the sequence there, finish
+    ``length``); the text is cut before the first of the ``stop`` strings.
     """
 
+    max_new_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
     seed: int | None = None
     greedy: bool = False
 
     def __post_init__(self) -> None:
+        assert self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"
         assert self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"
         assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
         assert 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"

@@ -14,10 +14,11 @@ and stops a request when no live beam can beat its worst kept hypothesis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from .kv_cache import CacheLayout
+from .manifest import Manifest, required
 from .runtime import Graph
 from .sampling import logprobs
 
@@ -53,24 +54,16 @@ class _RequestBeams:
 
 
 class Seq2SeqModel:
-    def __init__(self, encoder: Graph, decoder: Graph, manifest: dict[str, Any]) -> None:
+    def __init__(self, encoder: Graph, decoder: Graph, manifest: Manifest) -> None:
         self.encoder = encoder
         self.decoder = decoder
-        special = manifest["special_tokens"]
-        self.pad_id, self.bos_id, self.eos_id = special["pad"], special["bos"], special["eos"]
-        kv = manifest["kv_cache"]
-        self.num_layers, self.num_heads, self.head_dim = kv["num_layers"], kv["num_heads"], kv["head_dim"]
-        self.past_names = [
-            kv[f"past_{k}"].format(i=i) for i in range(self.num_layers) for k in ("key", "value")
-        ]
-        self.present_names = [
-            kv[f"present_{k}"].format(i=i) for i in range(self.num_layers) for k in ("key", "value")
-        ]
-        cross = manifest["cross_attention"]
-        self.cross_names = [cross[k].format(i=i) for i in range(self.num_layers) for k in ("key", "value")]
-        self.cross_mask_name = cross["mask_input"]
-        self.max_target_length = int(manifest["max_target_length"])
-        self.max_position = int(manifest["max_sequence_length"])
+        self.pad_id, self.bos_id, self.eos_id = (manifest.token(t) for t in ("pad", "bos", "eos"))
+        self.layout = CacheLayout.of(required(manifest.kv_cache))
+        cross = required(manifest.cross_attention)
+        self.cross_names = cross.names
+        self.cross_mask_name = cross.mask_input
+        self.max_target_length = required(manifest.max_target_length)
+        self.max_position = required(manifest.max_sequence_length)
 
     def encode(self, sources: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Right-padded source batch -> cross-attention keys/values by name, and the source mask."""
@@ -99,16 +92,15 @@ class Seq2SeqModel:
             "position_ids": np.full((rows, 1), step, dtype=np.int64),
             self.cross_mask_name: src_mask,
             **cross,
-            **dict(zip(self.past_names, past, strict=True)),
+            **dict(zip(self.layout.past_names, past, strict=True)),
         }
         out = self.decoder.run(feeds)
         return logprobs(out[0][:, -1, :]), out[1:]
 
-    def _empty_past(self, rows: int) -> list[np.ndarray]:
-        return [np.zeros((rows, self.num_heads, 0, self.head_dim), dtype=np.float32) for _ in self.past_names]
-
-    def _limit(self, max_new_tokens: int) -> int:
-        return max(1, min(max_new_tokens, self.max_target_length, self.max_position - 1))
+    @property
+    def max_new_tokens(self) -> int:
+        """The most tokens a translation can have: the target length, and one position left for </s>."""
+        return max(1, min(self.max_target_length, self.max_position - 1))
 
     @staticmethod
     def default_max_new_tokens(sources: list[list[int]]) -> int:
@@ -120,11 +112,11 @@ class Seq2SeqModel:
         n = len(sources)
         live = np.arange(n)  # original row of each live row
         tokens = np.full(n, self.bos_id, dtype=np.int64)
-        past = self._empty_past(n)
+        past = self.layout.empty(n)
         generated: list[list[int]] = [[] for _ in range(n)]
         total = np.zeros(n)
         results: list[Hypothesis | None] = [None] * n
-        limit = self._limit(max_new_tokens)
+        limit = min(max_new_tokens, self.max_new_tokens)
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
             tokens = lp.argmax(-1)
@@ -166,14 +158,14 @@ class Seq2SeqModel:
         cross, src_mask = self.encode(sources)
         cross = {name: np.repeat(v, k, axis=0) for name, v in cross.items()}  # (n * k, H, S, Dh)
         src_mask = np.repeat(src_mask, k, axis=0)
-        past = self._empty_past(n * k)
+        past = self.layout.empty(n * k)
         beam_logprob = np.full((n, k), -np.inf)
         beam_logprob[:, 0] = 0.0  # one live beam per request at the start
         beam_tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
         tokens = np.full(n * k, self.bos_id, dtype=np.int64)
         finished = [_RequestBeams(k, length_penalty) for _ in range(n)]
         closed = np.zeros(n, dtype=bool)
-        limit = self._limit(max_new_tokens)
+        limit = min(max_new_tokens, self.max_new_tokens)
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
             vocab = lp.shape[-1]

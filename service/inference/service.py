@@ -20,11 +20,12 @@ from typing import Literal
 
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
+from service.engine.sampling import SamplingParams
 from service.errors import NotReadyError
 from service.pipelines.base import ModelPipeline
 from service.pipelines.classify import ImageClassifier, TextClassifier
 from service.pipelines.extract import EntityTagger, QuestionAnswerer
-from service.pipelines.generate import GenerateParams, Generator, OpenStream
+from service.pipelines.generate import Generator, OpenStream
 from service.pipelines.results import Answer, Classification, Entities, Generation, Outcome, Translation
 from service.pipelines.translate import DecodingParams, Translator
 
@@ -184,27 +185,26 @@ class InferenceService:
     async def generate(
         self,
         prompts: Sequence[str],
-        params: GenerateParams,
+        params: SamplingParams,
         model: str | None,
         input_field: str,
         fields: Sequence[str],
         request_id: str = "",
         cache: CacheControl = USE_CACHE,
     ) -> Outcome[Generation]:
-        """Cached only when deterministic: greedy (temperature 0) or seeded sampling."""
+        """Cached only when deterministic (``SamplingParams.is_deterministic``: greedy or seeded)."""
         self.check_ready()
         pipeline = self.registry.resolve(Generator, model, input_field)
-        deterministic = params.temperature == 0 or params.seed is not None
         return await self.cache.get_or_compute(
             pipeline,
             request={"prompts": list(prompts), **asdict(params)},
             result_type=Generation,
-            control=cache if deterministic else BYPASS,
+            control=cache if params.is_deterministic else BYPASS,
             compute=lambda: pipeline.generate(prompts, params, fields, request_id),
         )
 
     async def open_stream(
-        self, prompt: str, params: GenerateParams, model: str | None, field: str, request_id: str = ""
+        self, prompt: str, params: SamplingParams, model: str | None, field: str, request_id: str = ""
     ) -> tuple[Generator, OpenStream]:
         """Streams are never cached: a stream's point is tokens as the model makes them (README, "Cache")."""
         self.check_ready()

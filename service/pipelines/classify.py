@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.sampling import softmax
 from service.errors import InvalidInputError
@@ -38,9 +39,9 @@ class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
         super().__init__(model, policy, observer)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
-        self.labels = [str(label) for label in model.manifest["labels"]]
-        self.max_len = int(model.manifest["max_sequence_length"])
-        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.labels = required(model.manifest.labels)
+        self.max_len = required(model.manifest.max_sequence_length)
+        self.pad_id = model.manifest.token("pad")
         self.graph = model.graphs["model"]
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
@@ -80,11 +81,11 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         observer: BatcherObserver | None = None,
     ) -> None:
         super().__init__(model, policy, observer)
-        self.labels = [str(label) for label in model.manifest["labels"]]
-        self.preprocessing = model.manifest["preprocessing"]
+        self.labels = required(model.manifest.labels)
+        self.preprocessing = required(model.manifest.preprocessing)
         self.max_image_pixels = max_image_pixels
         self.graph = model.graphs["model"]
-        config = model.manifest.get("config", {})
+        config = model.manifest.config
         # The batcher's token budget counts patches (+ [CLS]): every image costs the same.
         size, patch = config.get("image_size"), config.get("patch_size")
         self.cost = (size // patch) ** 2 + 1 if size and patch else 1
@@ -115,7 +116,7 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         return Outcome(self.name, self.model.version, results, Usage(input_tokens=self.cost * len(decoded)))
 
     async def warmup(self) -> None:
-        height, width = self.preprocessing["image_size"]
+        height, width = self.preprocessing.image_size
         png = io.BytesIO()
         Image.new("L", (width, height)).save(png, format="PNG")
         await self.classify([png.getvalue()], top_k=1, fields=["warm-up"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
 from .base import BatchedPipeline
@@ -36,12 +37,12 @@ class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
         super().__init__(model, policy, observer)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
-        qa = model.manifest["qa"]
-        self.stride = int(qa["stride"])
-        self.max_question_length = int(qa["max_question_length"])
-        self.max_answer_length = int(qa["max_answer_length"])
-        self.max_len = int(model.manifest["max_sequence_length"])
-        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        qa = required(model.manifest.qa)
+        self.stride = qa.stride
+        self.max_question_length = qa.max_question_length
+        self.max_answer_length = qa.max_answer_length
+        self.max_len = required(model.manifest.max_sequence_length)
+        self.pad_id = model.manifest.token("pad")
         self.graph = model.graphs["model"]
         # Windows per model call: a long context's windows never exceed the batch token budget at once.
         self.rows_per_call = max(1, policy.max_batch_tokens // self.max_len)
@@ -115,9 +116,9 @@ class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
         super().__init__(model, policy, observer)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
-        self.labels = [str(label) for label in model.manifest["labels"]]
-        self.max_len = int(model.manifest["max_sequence_length"])
-        self.pad_id = int(model.manifest["special_tokens"]["pad"])
+        self.labels = required(model.manifest.labels)
+        self.max_len = required(model.manifest.max_sequence_length)
+        self.pad_id = model.manifest.token("pad")
         self.graph = model.graphs["model"]
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:

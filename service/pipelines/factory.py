@@ -47,7 +47,6 @@ def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | No
             max_running=settings.max_running_sequences,
             max_queue_size=settings.max_queue_size,
             queue_timeout_s=settings.queue_timeout_s,
-            max_new_tokens=settings.max_new_tokens,
             observer=metrics.generation_observer(model.name) if metrics is not None else None,
         )
     raise ValueError(f"no pipeline serves task {task!r}")

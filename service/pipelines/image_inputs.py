@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from service.engine.manifest import Preprocessing
 
 RESAMPLE = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -19,7 +20,7 @@ class ImageDecodeError(ValueError):
     pass
 
 
-def decode_image(data: bytes, preprocessing: dict[str, Any], max_pixels: int) -> np.ndarray:
+def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> np.ndarray:
     """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size.
 
     The pixel count is checked from the header before any pixel is decoded,
@@ -46,17 +47,17 @@ def decode_image(data: bytes, preprocessing: dict[str, Any], max_pixels: int) ->
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (0, 0, 0, 255))
         image = Image.alpha_composite(background, rgba)
-    image = image.convert(preprocessing["color_mode"])
-    target_h, target_w = preprocessing["image_size"]
+    image = image.convert(preprocessing.color_mode)
+    target_h, target_w = preprocessing.image_size
     if image.size != (target_w, target_h):
-        image = image.resize((target_w, target_h), RESAMPLE[preprocessing["resample"]])
+        image = image.resize((target_w, target_h), RESAMPLE[preprocessing.resample])
     return np.asarray(image, dtype=np.uint8)
 
 
-def to_pixel_values(images: np.ndarray, preprocessing: dict[str, Any]) -> np.ndarray:
+def to_pixel_values(images: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
     """uint8 (N, H, W[, C]) -> float32 (N, C, H, W), scaled and normalised with the training statistics."""
-    x = images.astype(np.float32) * np.float32(preprocessing["scale"])
+    x = images.astype(np.float32) * np.float32(preprocessing.scale)
     x = x[:, None, :, :] if x.ndim == 3 else x.transpose(0, 3, 1, 2)
-    mean = np.asarray(preprocessing["mean"], dtype=np.float32)[None, :, None, None]
-    std = np.asarray(preprocessing["std"], dtype=np.float32)[None, :, None, None]
+    mean = np.asarray(preprocessing.mean, dtype=np.float32)[None, :, None, None]
+    std = np.asarray(preprocessing.std, dtype=np.float32)[None, :, None, None]
     return (x - mean) / std

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.seq2seq import Hypothesis, Seq2SeqModel
 
@@ -72,12 +73,11 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         manifest = model.manifest
         self.tokenizer = model.tokenizer
         self.seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], manifest)
-        self.max_source_length = int(manifest["max_source_length"])
-        self.suffix = [int(t) for t in manifest.get("source_suffix", [manifest["special_tokens"]["eos"]])]
-        self.max_new_tokens = max(
-            1,
-            min(max_new_tokens, int(manifest["max_target_length"]), int(manifest["max_sequence_length"]) - 1),
+        self.max_source_length = required(manifest.max_source_length)
+        self.suffix = (
+            manifest.source_suffix if manifest.source_suffix is not None else [manifest.token("eos")]
         )
+        self.max_new_tokens = min(max_new_tokens, self.seq2seq.max_new_tokens)
 
     def run_batch(self, items: list[SourceItem]) -> Sequence[list[Hypothesis] | BaseException]:
         groups: dict[tuple[int, int, float, int], list[int]] = {}

@@ -60,7 +60,7 @@ class GenerateController(Controller):
         limits.items(data.input_field, len(inputs))
         limits.texts(inputs)
         limits.new_tokens("max_new_tokens", data.max_new_tokens)
-        params = data.params(settings.max_new_tokens)
+        params = data.sampling_params(settings.max_new_tokens)
         limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
         request_id = request_id_of(request) or ""
         if data.stream:

@@ -7,6 +7,7 @@ from typing import Any
 from litestar import Controller, Request, Response, get
 from litestar.openapi.datastructures import ResponseSpec
 
+from service.engine.manifest import Manifest
 from service.inference import InferenceService
 from service.metrics import Metrics
 from service.pipelines.base import ModelPipeline
@@ -22,30 +23,32 @@ from ..schemas.system import (
     RequestLimitsOut,
 )
 
-# Manifest keys that describe what a model can take, reported as its limits.
-_LIMIT_KEYS = ("max_sequence_length", "max_source_length", "max_target_length")
 
-
-def model_limits(manifest: dict[str, Any]) -> dict[str, Any]:
-    limits: dict[str, Any] = {k: manifest[k] for k in _LIMIT_KEYS if k in manifest}
-    if "qa" in manifest:
-        limits.update({f"qa_{k}": v for k, v in manifest["qa"].items()})
-    if "preprocessing" in manifest:
-        limits["image_size"] = manifest["preprocessing"].get("image_size")
+def model_limits(manifest: Manifest) -> dict[str, Any]:
+    """What a model can take, from its manifest: window and target lengths, QA windows, image size."""
+    lengths = {
+        "max_sequence_length": manifest.max_sequence_length,
+        "max_source_length": manifest.max_source_length,
+        "max_target_length": manifest.max_target_length,
+    }
+    limits: dict[str, Any] = {k: v for k, v in lengths.items() if v is not None}
+    if manifest.qa is not None:
+        limits.update({f"qa_{k}": v for k, v in manifest.qa.model_dump().items()})
+    if manifest.preprocessing is not None:
+        limits["image_size"] = list(manifest.preprocessing.image_size)
     return limits
 
 
 def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
     m = pipeline.model
-    labels = m.manifest.get("labels")
     return ModelOut(
         name=m.name,
         task=m.task,
         version=m.version,
-        architecture=m.manifest.get("architecture"),
-        description=m.manifest.get("description"),
+        architecture=m.manifest.architecture,
+        description=m.manifest.description,
         execution_provider=m.provider,
-        labels=[str(label) for label in labels] if labels else None,
+        labels=m.manifest.labels or None,
         limits=model_limits(m.manifest),
         default_for=default_for,
     )

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.pipelines.generate import GenerateParams
+from service.engine.sampling import SamplingParams
 
 from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body, json_schema_of
 from .errors import ErrorBody
@@ -57,9 +57,10 @@ class GenerateRequest(Request):
             return [("prompt", self.prompt)]
         return [(f"prompts[{i}]", p) for i, p in enumerate(self.prompts or [])]
 
-    def params(self, max_new_tokens_cap: int) -> GenerateParams:
+    def sampling_params(self, max_new_tokens_cap: int) -> SamplingParams:
+        """The engine's parameters for every prompt of this request (the default length within the cap)."""
         default = min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_cap)
-        return GenerateParams(
+        return SamplingParams(
             max_new_tokens=self.max_new_tokens if self.max_new_tokens is not None else default,
             temperature=self.temperature,
             top_k=self.top_k,

@@ -1,0 +1,272 @@
+"""Continuous batching for a decoder-only LM with the KV cache: one decoding loop per model.
+
+TGI / vLLM style, at the step level. A new request is prefilled (its prompt run
+with an empty past; requests that arrive together are prefilled together,
+left-padded) and joins the running batch at the next decoding step; a sequence
+that finishes (eos, stop string, length, cancelled) leaves the batch at once
+and its cache rows are dropped. Nobody waits for anybody else.
+
+The merged cache is LEFT-padded: row i's real tokens fill the last
+``lengths[i]`` columns of every past tensor, so each step appends one column on
+the right for every row. The attention mask covers past + new columns and the
+position ids skip the padding (``cumsum(mask) - 1``); the graph gives masked
+columns exactly zero attention weight, so a sequence decodes the same tokens
+alone or in any batch (up to float rounding). Joining pads caches on the left
+to a common width; leaving trims the left columns that are padding in every
+remaining row, so the width is always the longest live sequence.
+
+Every ONNX Runtime call, cache copy and sampling step runs in a single-thread
+executor owned by the engine, so the event loop stays free to accept requests
+and stream events. On CUDA the cache stays on the device between steps (IO
+binding) while the batch composition is unchanged; joins and leaves go
+through host memory. Metrics go through the observer only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from .decoder_graph import DecoderGraph
+from .errors import EngineError, InferenceError, PromptError, QueueTimeoutError
+from .generation_contract import (
+    GenerationObserver,
+    GenerationRequest,
+    NullGenerationObserver,
+    TokenEvent,
+)
+from .generation_stream import GenerationStream
+from .kv_cache import KVCache
+from .manifest import required
+from .repository import LoadedModel
+from .running_batch import RunningBatch, SequenceState
+from .worker import ModelWorker, with_defaults
+
+log = logging.getLogger(__name__)
+
+
+class GenerationEngine(ModelWorker):
+    """Queue, admission and the decoding loop of one generative model (see the module docstring)."""
+
+    kind = "generation"
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        max_running: int,
+        max_queue_size: int,
+        queue_timeout_s: float,
+        observer: GenerationObserver | None = None,
+    ) -> None:
+        assert model.task == "text-generation", f"{model.name} is a {model.task} model, not text-generation"
+        assert model.tokenizer is not None, f"{model.name} has no tokenizer"
+        assert queue_timeout_s > 0, "queue_timeout_s must be positive"
+        self._hooks = with_defaults(observer, NullGenerationObserver)
+        super().__init__(model.name, max_queue_size, max_running, self._hooks.on_reject)
+        self.tokenizer = model.tokenizer
+        manifest = model.manifest
+        self.max_context = required(manifest.max_sequence_length)
+        self.eos_id = manifest.token("eos")
+        self.vocab_size = int(manifest.config.get("vocab_size") or model.tokenizer.get_vocab_size())
+        self.max_running = max_running
+        self.queue_timeout_s = queue_timeout_s
+        self._batch = RunningBatch(DecoderGraph(model.graphs["model"], manifest))
+        self._waiting: deque[SequenceState] = deque()
+        self._prefilling: list[SequenceState] = []
+        self.cancelled_sequences = 0
+
+    # --- gauges -------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Sequences admitted (being prefilled or in the batch) and not finished."""
+        return sum(not s.done for s in (*self._prefilling, *self._batch.rows))
+
+    # --- public API (start, admit, retry_after_s, stop: ModelWorker) -----------------------
+
+    def submit(self, request: GenerationRequest) -> GenerationStream:
+        """Queue a request and return its stream at once; never waits for room.
+
+        Raises BatcherClosedError when not running, PromptError for a prompt that
+        cannot fit (see ``check_prompt``), and QueueFullError when
+        ``max_queue_size`` requests already wait.
+        """
+        self.check_open()
+        self.check_prompt(request.prompt_ids)
+        self.admit(1)
+        stream = GenerationStream(request, self.name, self._on_stream_cancel)
+        seq = SequenceState(
+            request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode
+        )
+        seq.timer = asyncio.get_running_loop().call_later(self.queue_timeout_s, self._expire, seq)
+        self._waiting.append(seq)
+        self._depth_changed()
+        self._wakeup.set()
+        return stream
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def check_prompt(self, prompt_ids: list[int]) -> None:
+        """Raise PromptError unless the prompt fits: some tokens, known ids, room for one new token."""
+        if not prompt_ids:
+            raise PromptError("prompt encodes to no tokens", "empty")
+        if len(prompt_ids) >= self.max_context:
+            raise PromptError(
+                f"prompt is {len(prompt_ids)} tokens; model {self.name!r} holds {self.max_context} "
+                "tokens of context, including at least one new token",
+                "too_long",
+            )
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
+            raise PromptError(f"prompt token ids must lie in [0, {self.vocab_size})", "unknown_token")
+
+    def _admit(self) -> list[SequenceState]:
+        """Take waiting sequences, oldest first, while the batch has room."""
+        newcomers: list[SequenceState] = []
+        while self._waiting and self.running + len(newcomers) < self.max_running:
+            seq = self._waiting.popleft()
+            if seq.timer is not None:
+                seq.timer.cancel()
+            if not seq.done:
+                newcomers.append(seq)
+        if newcomers:
+            self._depth_changed()
+        return newcomers
+
+    def _expire(self, seq: SequenceState) -> None:
+        """Timer callback: the request waited too long for a place in the batch."""
+        if seq not in self._waiting:
+            return
+        self._waiting.remove(seq)
+        self._hooks.on_reject("timeout")
+        seq.stream._fail(QueueTimeoutError(self.name, time.monotonic() - seq.submitted_at))
+        self._depth_changed()
+
+    def _on_stream_cancel(self, stream: GenerationStream) -> None:
+        """Stream callback on ``cancel()``: count it; a waiting sequence leaves the queue now."""
+        self.cancelled_sequences += 1
+        self._hooks.on_cancel()
+        for seq in self._waiting:
+            if seq.stream is stream:
+                self._waiting.remove(seq)
+                if seq.timer is not None:
+                    seq.timer.cancel()
+                break
+        self._depth_changed()
+        self._wakeup.set()
+
+    def _depth_changed(self) -> None:
+        self._hooks.on_depth(len(self._waiting), self.running)
+
+    # --- decoding loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while await self._has_work():
+            try:
+                newcomers = self._admit()
+                joining = await self._prefill(newcomers) if newcomers else []
+                await self._decode(joining)
+            except Exception as exc:  # a bug or a failed model call must not stop the model from serving
+                log.exception("generation %s: decoding step failed", self.name)
+                self._fail_running(EngineError(f"generation failed: {exc!r}"))
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def _has_work(self) -> bool:
+        """Wait until something waits or runs; False once closed with nothing left."""
+        while not (self._waiting or self._batch.rows):
+            if self._closed:
+                return False
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        return True
+
+    async def _compute(self, fn: Callable[[], Any], batch_size: int) -> Any:
+        started = time.monotonic()
+        result = await self._in_thread(fn)
+        self._hooks.on_step(batch_size, time.monotonic() - started)
+        return result
+
+    async def _prefill(self, newcomers: list[SequenceState]) -> list[tuple[list[SequenceState], KVCache]]:
+        """Prefill the newcomers together; if that fails, each alone, so only a failing prompt fails.
+
+        The running batch goes on either way.
+        """
+        self._prefilling = newcomers
+        try:
+            groups = [newcomers]
+            joining: list[tuple[list[SequenceState], KVCache]] = []
+            while groups:
+                group = groups.pop(0)
+                try:
+                    events, cache = await self._compute(partial(self._batch.prefill, group), len(group))
+                except Exception as exc:
+                    log.error(
+                        "generation %s: prefill of %d sequence(s) failed", self.name, len(group), exc_info=exc
+                    )
+                    if len(group) > 1:
+                        groups += [[seq] for seq in group]
+                        continue
+                    group[0].stream._fail(InferenceError(self.name, exc))
+                    continue
+                self._publish(list(zip(group, events, strict=True)))
+                joining.append((group, cache))
+            return joining
+        finally:
+            self._prefilling = []
+
+    async def _decode(self, joining: list[tuple[list[SequenceState], KVCache]]) -> None:
+        joined = [s for seqs, _ in joining for s in seqs]
+        live = sum(not s.done for s in (*self._batch.rows, *joined))
+        if not live:  # nothing to compute: just let the finished and cancelled rows go
+            self._batch.leave()
+            return
+        self._publish(await self._compute(lambda: self._batch.step(joining), live))
+
+    def _publish(self, events: list[tuple[SequenceState, TokenEvent]]) -> None:
+        """Hand each event to its stream (unless cancelled meanwhile) and close finished sequences."""
+        now = time.monotonic()
+        for seq, event in events:
+            if seq.stream.done:
+                continue
+            if event.index == 0:
+                seq.first_token_at = now
+                self._hooks.on_first_token(now - seq.submitted_at)
+            else:
+                self._hooks.on_token(now - seq.last_token_at)
+            seq.last_token_at = now
+            seq.stream._push(event)
+            if seq.finish_reason is not None:
+                self._finish(seq, now)
+
+    def _finish(self, seq: SequenceState, now: float) -> None:
+        result = seq.result(now)
+        seq.stream._finish(result)
+        self._hooks.on_finish(result.finish_reason, result.completion_tokens)
+        self._record(result.seconds)
+        self._depth_changed()
+
+    def _fail_running(self, error: BaseException) -> None:
+        for seq in (*self._prefilling, *self._batch.reset()):
+            seq.stream._fail(error)
+        self._prefilling = []
+        self._depth_changed()
+
+    def _fail_pending(self, error: BaseException, drained: bool) -> None:
+        while self._waiting:
+            seq = self._waiting.popleft()
+            if seq.timer is not None:
+                seq.timer.cancel()
+            if not seq.done:
+                self._hooks.on_reject("closed")
+                seq.stream._fail(error)
+        for seq in (*self._prefilling, *self._batch.rows):
+            seq.stream._fail(error)  # they leave the batch at the next step
+        self._depth_changed()

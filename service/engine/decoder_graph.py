@@ -1,0 +1,96 @@
+"""Running a KV-cached decoder graph: a batched prefill with an empty past, then one token per step.
+
+On CPU the cache goes in and out as numpy arrays; on CUDA it stays on the device
+between steps (IO binding) and only the last position's logits come back to the
+host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .kv_cache import CacheLayout, KVCache, positions_from_mask, to_host
+from .manifest import Manifest, required
+from .runtime import Graph, ort
+
+# (input_ids (B, T), attention_mask (B, P + T), position_ids (B, T), past) -> (last logits (B, V), present)
+StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, list[Any]], tuple[np.ndarray, list[Any]]]
+
+
+def host_step(graph: Graph, layout: CacheLayout) -> StepFn:
+    """CPU path: numpy in, numpy out."""
+    outputs = [graph.output_names[0], *layout.present_names]  # logits first
+
+    def step(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[Any]) -> tuple[Any, Any]:
+        feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        feeds.update(zip(layout.past_names, map(to_host, past), strict=True))
+        logits, *present = graph.session.run(outputs, feeds)
+        return logits[:, -1, :], present  # (B, V), (B, H, P + T, Dh) each
+
+    return step
+
+
+def cuda_step(graph: Graph, layout: CacheLayout) -> StepFn:
+    """CUDA path: IO binding, the present keys/values stay on the device and come back as the next past.
+
+    A past that is a device OrtValue (the previous step's present, batch unchanged)
+    is bound as is; a numpy past (after a join or a leave) is uploaded once. Only the
+    last position's logits need the host.
+    """
+    options = graph.session.get_provider_options().get("CUDAExecutionProvider", {})
+    device_id = int(options.get("device_id", 0))
+
+    def on_device(value: Any) -> Any:
+        if isinstance(value, ort.OrtValue):
+            return value
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", device_id)
+
+    def step(ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, past: list[Any]) -> tuple[Any, Any]:
+        binding = graph.session.io_binding()
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        inputs.update(zip(layout.past_names, past, strict=True))
+        bound = {name: on_device(value) for name, value in inputs.items()}  # kept alive for the run
+        for name, value in bound.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(graph.output_names[0], "cpu")  # logits: the sampler needs them on the host
+        for name in layout.present_names:
+            binding.bind_output(name, "cuda", device_id)
+        graph.session.run_with_iobinding(binding)
+        logits, *present = binding.get_outputs()  # in the order bound
+        return logits.numpy()[:, -1, :], present
+
+    return step
+
+
+class DecoderGraph:
+    """The KV-cached GPT graph: a batched prefill with an empty past, and one decoding step."""
+
+    def __init__(self, graph: Graph, manifest: Manifest) -> None:
+        self.layout = CacheLayout.of(required(manifest.kv_cache))
+        self.pad_id = manifest.special_tokens.get("pad", manifest.token("eos"))
+        self._step = cuda_step(graph, self.layout) if graph.on_cuda else host_step(graph, self.layout)
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, KVCache]:
+        """Left-padded prompts with an empty past -> logits of each prompt's last token (n, V) and its cache."""
+        lengths = np.array([len(p) for p in prompts], dtype=np.int64)  # (n,)
+        width = int(lengths.max())
+        ids = np.full((len(prompts), width), self.pad_id, dtype=np.int64)  # (n, L)
+        mask = np.zeros((len(prompts), width), dtype=np.int64)  # (n, L)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = prompt
+            mask[row, width - len(prompt) :] = 1
+        logits, present = self._step(
+            ids, mask, positions_from_mask(mask, width), self.layout.empty(len(prompts))
+        )
+        return logits, KVCache(present, lengths, width)
+
+    def decode(self, tokens: np.ndarray, cache: KVCache) -> tuple[np.ndarray, KVCache]:
+        """One new token per row (B,) -> logits (B, V) and the cache one column wider."""
+        mask = cache.attention_mask(new=1)  # (B, W + 1)
+        logits, present = self._step(
+            tokens.reshape(-1, 1).astype(np.int64), mask, positions_from_mask(mask, 1), cache.tensors
+        )
+        return logits, KVCache(present, cache.lengths + 1, cache.width + 1)

@@ -1,0 +1,95 @@
+"""The generation engine's public contract (docs/GENERATION_ENGINE_API.md): what goes in, what comes out.
+
+A caller submits a ``GenerationRequest`` and gets a ``GenerationStream``
+(``generation_stream.py``) of ``TokenEvent``s ending in a ``GenerationResult``;
+metrics hook in through a ``GenerationObserver``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import EngineError
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]  # already tokenized; GenerationEngine.check_prompt says whether it fits
+    sampling: SamplingParams  # max_new_tokens, stop strings, and how each token is picked
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token; ``text`` may be "" while a character or a possible stop string is incomplete."""
+
+    index: int  # 0-based position in the completion
+    token_id: int
+    text: str  # what this token adds; all event texts joined == the result text
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]  # every generated id, eos included when it ended the sequence
+    text: str
+    finish_reason: str  # "length" | "stop" | "eos"
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token_s: float
+    seconds: float
+
+
+class GenerationCancelledError(EngineError):
+    """``result()`` of a stream whose client went away (``cancel()`` or an abandoned iteration)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"generation on model {model!r} was cancelled")
+        self.model = model
+
+
+class GenerationObserver(Protocol):
+    """Where metrics hook in; called on the event loop. Every hook is optional (``worker.with_defaults``).
+
+    Reject reasons: ``"queue_full"``, ``"timeout"``, ``"closed"``.
+    """
+
+    def on_first_token(self, seconds: float) -> None: ...
+
+    def on_token(self, inter_token_seconds: float) -> None: ...
+
+    def on_step(self, batch_size: int, seconds: float) -> None: ...
+
+    def on_finish(self, reason: str, completion_tokens: int) -> None: ...
+
+    def on_cancel(self) -> None: ...
+
+    def on_reject(self, reason: str) -> None: ...
+
+    def on_depth(self, waiting: int, running: int) -> None: ...
+
+
+class NullGenerationObserver:
+    """No-op observer; subclass it and override only the hooks you need."""
+
+    def on_first_token(self, seconds: float) -> None:
+        pass
+
+    def on_token(self, inter_token_seconds: float) -> None:
+        pass
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        pass
+
+    def on_finish(self, reason: str, completion_tokens: int) -> None:
+        pass
+
+    def on_cancel(self) -> None:
+        pass
+
+    def on_reject(self, reason: str) -> None:
+        pass
+
+    def on_depth(self, waiting: int, running: int) -> None:
+        pass

@@ -1,0 +1,96 @@
+"""One request's stream: its token events as they come, its result, and ``cancel()`` for a client that left."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from .generation_contract import GenerationCancelledError, GenerationRequest, GenerationResult, TokenEvent
+
+
+class GenerationStream:
+    """The caller's handle on one sequence: its token events, its result, and ``cancel()``.
+
+    Events are kept, so a caller may iterate, await ``result()``, or both. Leaving
+    the iteration early (``aclose``, ``break`` then garbage collection, or the
+    iterating task being cancelled) cancels the sequence, as a client disconnect should.
+    """
+
+    def __init__(self, request: GenerationRequest, model: str, on_cancel: Callable[[GenerationStream], None]):
+        self.request = request
+        self._model = model
+        self._on_cancel = on_cancel
+        self._events: list[TokenEvent] = []
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self._cancelled = False
+        self._changed = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        """Finished, failed or cancelled: no further events."""
+        return self._result is not None or self._error is not None or self._cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        """One event per generated token, in order; raises the sequence's error, ends at once when cancelled."""
+        seen = 0
+        try:
+            while True:
+                while seen < len(self._events) and not self._cancelled:
+                    seen += 1
+                    yield self._events[seen - 1]
+                if self._error is not None:
+                    raise self._error
+                if self.done:
+                    return
+                await self._wait()
+        finally:
+            if not self.done:  # the consumer left before the end: the client went away
+                self.cancel()
+
+    async def result(self) -> GenerationResult:
+        """The finished sequence; raises its error, or GenerationCancelledError after ``cancel()``."""
+        while not self.done:
+            await self._wait()
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise GenerationCancelledError(self._model)
+        return self._result
+
+    def cancel(self) -> None:
+        """The client went away: no more events, and the sequence leaves the batch at the next step."""
+        if self.done:
+            return
+        self._cancelled = True
+        self._notify()
+        self._on_cancel(self)
+
+    # engine side (event loop only)
+
+    def _push(self, event: TokenEvent) -> None:
+        if not self.done:
+            self._events.append(event)
+            self._notify()
+
+    def _finish(self, result: GenerationResult) -> None:
+        if not self.done:
+            self._result = result
+            self._notify()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.done:
+            self._error = error
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wake every waiter; the next waiters wait on a fresh event."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait(self) -> None:
+        await self._changed.wait()

@@ -1,0 +1,144 @@
+"""What both engines share: one loop task and one compute thread per model, a bounded queue, a deadline to stop.
+
+``DynamicBatcher`` (encoders, the translator) and ``GenerationEngine`` (GPT)
+differ in what they queue and how they turn the queue into model calls; they
+start, admit, refuse, estimate Retry-After and stop the same way, here. Every
+model call runs in the worker's own single-thread executor, so one model never
+runs two calls at once and the event loop stays free while ONNX Runtime works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .errors import BatcherClosedError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+H = TypeVar("H")
+
+# Weight of the newest duration in the moving average behind Retry-After.
+EWMA_ALPHA = 0.2
+
+
+def with_defaults(observer: object | None, null: type[H]) -> H:
+    """``null()`` with each hook replaced by the observer's own where it has one: every hook is optional."""
+    hooks = null()
+    if observer is not None:
+        for name in dir(null):
+            if name.startswith("on_") and hasattr(observer, name):
+                setattr(hooks, name, getattr(observer, name))
+    return hooks
+
+
+class ModelWorker(ABC):
+    """Start, admission, Retry-After and stop of one model's engine; subclasses supply the loop.
+
+    ``kind`` names the engine in thread, task and log names (``batcher-vit``).
+    Subclasses implement ``_run`` (the loop, until closed with nothing left),
+    ``waiting`` (queued, not yet taken), and ``_fail_pending`` (fail what waits
+    or runs when stopping); they call ``_record(seconds)`` after each unit of
+    work the Retry-After estimate counts in (a batch, a sequence).
+    """
+
+    kind = "worker"
+
+    def __init__(self, name: str, max_queue_size: int, per_round: int, on_reject: Callable[[str], None]):
+        assert max_queue_size >= 1, "max_queue_size must be at least 1"
+        assert per_round >= 1, "per_round must be at least 1"
+        self.name = name
+        self.max_queue_size = max_queue_size
+        self._per_round = per_round  # queued items one unit of work takes (batch size, running sequences)
+        self._on_reject = on_reject
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+        self._avg_unit_s = 0.0
+
+    @property
+    @abstractmethod
+    def waiting(self) -> int:
+        """Items queued and not yet taken."""
+
+    @abstractmethod
+    async def _run(self) -> None:
+        """The loop: until closed with nothing left to do."""
+
+    @abstractmethod
+    def _fail_pending(self, error: BaseException, drained: bool) -> None:
+        """Fail what is still waiting (and, once ``drained``, what still runs) with ``error``."""
+
+    @property
+    def accepting(self) -> bool:
+        return self._worker is not None and not self._closed
+
+    async def start(self) -> None:
+        """Start the loop on the running event loop; idempotent."""
+        if self._closed:
+            raise BatcherClosedError(self.name, "stopped")
+        if self._worker is not None:
+            return
+        label = f"{self.kind}-{self.name}"
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=label)
+        self._worker = asyncio.get_running_loop().create_task(self._run(), name=label)
+
+    def check_open(self) -> None:
+        """Raise BatcherClosedError (and count the refusal) unless the worker takes requests now."""
+        if not self.accepting:
+            self._on_reject("closed")
+            raise BatcherClosedError(self.name, "not started" if self._worker is None else "shutting down")
+
+    def admit(self, count: int) -> None:
+        """Raise QueueFullError (and count the refusal) unless ``count`` more items fit the queue now.
+
+        For callers that queue several items at once and want all of them or none.
+        A closed worker is left to ``check_open`` at submission, which says so.
+        """
+        if self.accepting and self.waiting + count > self.max_queue_size:
+            self._on_reject("queue_full")
+            raise QueueFullError(self.name, self.waiting, self.retry_after_s())
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""
+        rounds_ahead = math.ceil((self.waiting + 1) / self._per_round)
+        return max(1, math.ceil(rounds_ahead * self._avg_unit_s))
+
+    async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:
+        """Stop accepting; finish waiting and running work (``drain``) within ``timeout_s``.
+
+        Without ``drain`` what waits fails with BatcherClosedError at once; whatever
+        is unfinished after the deadline fails the same way. The model call in
+        flight cannot be interrupted; its thread finishes on its own.
+        """
+        self._closed = True
+        if not drain:
+            self._fail_pending(BatcherClosedError(self.name), drained=False)
+        self._wakeup.set()
+        if self._worker is not None and not self._worker.done():
+            _, pending = await asyncio.wait({self._worker}, timeout=timeout_s)
+            if pending:
+                log.warning(
+                    "%s %s: stop timed out after %.1fs, failing the rest", self.kind, self.name, timeout_s
+                )
+                self._worker.cancel()
+                await asyncio.wait({self._worker})
+        self._fail_pending(BatcherClosedError(self.name, "stopped before the work finished"), drained=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this worker's compute thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _record(self, seconds: float) -> None:
+        """One unit of work took ``seconds``: update the moving average behind Retry-After."""
+        self._avg_unit_s = (
+            seconds if self._avg_unit_s == 0 else EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * self._avg_unit_s
+        )
