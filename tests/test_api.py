@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from parity import check_close, check_outputs_equal
 from PIL import Image
 from servers import LiveServer
 from tokenizers import Tokenizer
@@ -149,11 +150,21 @@ def test_translate_single_and_scores(client: httpx.Client) -> None:
 
 def test_translate_batched_equals_one_by_one_greedy(client: httpx.Client) -> None:
     batched = ok(client, "/v1/translate", {"texts": SENTENCES, "return_scores": True})["results"]
-    for text, got in zip(SENTENCES, batched, strict=True):
-        alone = ok(client, "/v1/translate", {"text": text, "return_scores": True})["results"][0]
-        assert got["text"] == alone["text"]
-        assert got["finish_reason"] == alone["finish_reason"]
-        assert got["score"] == pytest.approx(alone["score"], abs=1e-4)
+    alone = [ok(client, "/v1/translate", {"text": t, "return_scores": True})["results"][0] for t in SENTENCES]
+    check_outputs_equal(
+        [(r["text"], r["finish_reason"]) for r in batched],
+        [(r["text"], r["finish_reason"]) for r in alone],
+        name_a="batched",
+        name_b="one by one",
+    )
+    check_close(
+        [r["score"] for r in batched],
+        [r["score"] for r in alone],
+        atol=1e-4,
+        rtol=0,
+        name_a="batched",
+        name_b="one by one",
+    )
 
 
 def test_translate_beam_search(client: httpx.Client) -> None:
@@ -165,7 +176,12 @@ def test_translate_beam_search(client: httpx.Client) -> None:
         assert scores == sorted(scores, reverse=True)
         assert got["text"] == got["sequences"][0]["text"]
         alone = ok(client, "/v1/translate", {**body, "texts": [text]})["results"][0]
-        assert [s["text"] for s in alone["sequences"]] == [s["text"] for s in got["sequences"]]
+        check_outputs_equal(
+            [s["text"] for s in alone["sequences"]],
+            [s["text"] for s in got["sequences"]],
+            name_a=f"alone: {text!r}",
+            name_b="in the batch",
+        )
 
 
 def test_beam_1_equals_greedy(client: httpx.Client, tiny_models: Path) -> None:
@@ -202,14 +218,24 @@ REVIEWS = [
 def test_classify_text_batched_equals_one_by_one(client: httpx.Client) -> None:
     body = ok(client, "/v1/classify", {"texts": REVIEWS, "top_k": 2})
     assert_envelope(body, "bert-classifier", len(REVIEWS))
-    for text, got in zip(REVIEWS, body["results"], strict=True):
+    for got in body["results"]:
         assert got["labels"][0]["label"] == got["label"]
         assert sum(x["score"] for x in got["labels"]) == pytest.approx(
             1.0, abs=1e-5
         )  # two labels: all of them
-        alone = ok(client, "/v1/classify", {"text": text, "top_k": 2})["results"][0]
-        assert alone["label"] == got["label"]
-        assert alone["score"] == pytest.approx(got["score"], abs=1e-4)
+    alone = [ok(client, "/v1/classify", {"text": text, "top_k": 2})["results"][0] for text in REVIEWS]
+    batched = body["results"]
+    check_outputs_equal(
+        [r["label"] for r in alone], [r["label"] for r in batched], name_a="one by one", name_b="batched"
+    )
+    check_close(
+        [r["score"] for r in alone],
+        [r["score"] for r in batched],
+        atol=1e-4,
+        rtol=0,
+        name_a="one by one",
+        name_b="batched",
+    )
 
 
 def test_classify_images_json_multipart_and_batch(client: httpx.Client) -> None:
@@ -219,11 +245,23 @@ def test_classify_images_json_multipart_and_batch(client: httpx.Client) -> None:
     images.append(jpeg.getvalue())
     batched = ok(client, "/v1/classify", {"images": [b64(i) for i in images], "top_k": 3})
     assert_envelope(batched, "vit", len(images))
+    alone = [ok(client, "/v1/classify", {"image": b64(data), "top_k": 3})["results"][0] for data in images]
+    check_outputs_equal(
+        [r["label"] for r in alone],
+        [r["label"] for r in batched["results"]],
+        name_a="one by one",
+        name_b="batched",
+    )
+    check_close(
+        [r["score"] for r in alone],
+        [r["score"] for r in batched["results"]],
+        atol=1e-4,
+        rtol=0,
+        name_a="one by one",
+        name_b="batched",
+    )
     for data, got in zip(images, batched["results"], strict=True):
         assert len(got["labels"]) == 3
-        alone = ok(client, "/v1/classify", {"image": b64(data), "top_k": 3})["results"][0]
-        assert alone["label"] == got["label"]
-        assert alone["score"] == pytest.approx(got["score"], abs=1e-4)
         upload = client.post(
             "/v1/classify/image", files={"file": ("x.png", data, "image/png")}, data={"top_k": "3"}
         )
@@ -247,15 +285,20 @@ def test_extract_qa_batched_equals_one_by_one(client: httpx.Client) -> None:
     body = ok(client, "/v1/extract", {"task": "qa", "items": items})
     assert_envelope(body, "bert-qa", len(QA))
     assert body["task"] == "qa"
-    for (question, context), got in zip(QA, body["results"], strict=True):
+    alone = [
+        ok(client, "/v1/extract", {"task": "qa", "question": q, "context": c})["results"][0] for q, c in QA
+    ]
+    check_outputs_equal(
+        [(r["start"], r["end"], r["answer"]) for r in alone],
+        [(r["start"], r["end"], r["answer"]) for r in body["results"]],
+        name_a="one by one",
+        name_b="batched",
+    )
+    for (_, context), got, one in zip(QA, body["results"], alone, strict=True):
         assert context[got["start"] : got["end"]] == got["answer"]
         assert 0 <= got["score"] <= 1
         assert got["windows"] == 1
-        alone = ok(client, "/v1/extract", {"task": "qa", "question": question, "context": context})[
-            "results"
-        ][0]
-        assert (alone["start"], alone["end"], alone["answer"]) == (got["start"], got["end"], got["answer"])
-        assert alone["score"] == pytest.approx(got["score"], rel=1e-3, abs=1e-6)
+        assert one["score"] == pytest.approx(got["score"], rel=1e-3, abs=1e-6)
 
 
 ENTITY_TEXTS = [
@@ -273,9 +316,12 @@ def test_extract_entities_batched_equals_one_by_one(client: httpx.Client) -> Non
             assert text[entity["start"] : entity["end"]] == entity["text"]
             assert entity["label"] in {"PER", "ORG", "LOC", "MISC"}
         alone = ok(client, "/v1/extract", {"task": "entities", "text": text})["results"][0]
-        assert [(e["start"], e["end"], e["label"]) for e in alone["entities"]] == [
-            (e["start"], e["end"], e["label"]) for e in got["entities"]
-        ]
+        check_outputs_equal(
+            [(e["start"], e["end"], e["label"]) for e in alone["entities"]],
+            [(e["start"], e["end"], e["label"]) for e in got["entities"]],
+            name_a=f"alone: {text!r}",
+            name_b="in the batch",
+        )
     long_text = " ".join(["Paris"] * 400)
     assert (
         ok(client, "/v1/extract", {"task": "entities", "text": long_text})["results"][0]["truncated"] is True
@@ -375,12 +421,10 @@ def test_generate_single_and_batch(client: httpx.Client) -> None:
     assert body["usage"]["output_tokens"] == result["completion_tokens"]
     batch = ok(client, "/v1/generate", {"prompts": PROMPTS[:3], "max_new_tokens": 6, "temperature": 0})
     assert_envelope(batch, "gpt", 3)
-    assert (
-        batch["results"][0]["text"]
-        == ok(client, "/v1/generate", {"prompt": "ROMEO:", "max_new_tokens": 6, "temperature": 0})["results"][
-            0
-        ]["text"]
-    )
+    alone = ok(client, "/v1/generate", {"prompt": "ROMEO:", "max_new_tokens": 6, "temperature": 0})[
+        "results"
+    ][0]
+    check_outputs_equal([batch["results"][0]["text"]], [alone["text"]], name_a="batch item 0", name_b="alone")
 
 
 def test_generate_stop_string(client: httpx.Client) -> None:
@@ -409,8 +453,12 @@ def test_concurrent_generations_equal_alone(client: httpx.Client, sampling: dict
     alone = [ok(client, "/v1/generate", b)["results"][0] for b in bodies]
     with ThreadPoolExecutor(len(bodies)) as pool:
         together = list(pool.map(lambda b: ok(client, "/v1/generate", b)["results"][0], bodies))
-    assert [r["text"] for r in together] == [r["text"] for r in alone]
-    assert [r["completion_tokens"] for r in together] == [r["completion_tokens"] for r in alone]
+    check_outputs_equal(
+        [(r["text"], r["completion_tokens"]) for r in together],
+        [(r["text"], r["completion_tokens"]) for r in alone],
+        name_a="concurrent",
+        name_b="alone",
+    )
 
 
 def test_stream_concatenates_to_the_non_streamed_text(client: httpx.Client) -> None:

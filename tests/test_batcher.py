@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
+from parity import check_outputs_equal
 
 from service.engine.batcher import (
     BatcherClosedError,
@@ -138,7 +139,8 @@ def test_batches_respect_size_and_token_budget_and_results_match() -> None:
         assert batcher.depth == len(items)
         model.gate.set()
         results = await asyncio.gather(first, *tasks)
-        assert results == [FakeModel.answer(("first", 1))] + [FakeModel.answer(item) for item in items]
+        expected = [FakeModel.answer(("first", 1))] + [FakeModel.answer(item) for item in items]
+        check_outputs_equal(results, expected, name_a="batched", name_b="each item's own answer")
 
     run(model, pol, body)
     assert sorted(model.seen()) == sorted(["first"] + [name for name, _ in items])
@@ -156,7 +158,8 @@ def test_concurrent_submits_each_get_their_own_result() -> None:
 
     async def body(batcher: DynamicBatcher[Item, Any]) -> None:
         results = await asyncio.gather(*(batcher.submit(item, item[1]) for item in items))
-        assert results == [FakeModel.answer(item) for item in items]
+        expected = [FakeModel.answer(item) for item in items]
+        check_outputs_equal(results, expected, name_a="batched", name_b="each item's own answer")
 
     run(model, policy(max_batch_size=8), body)
     assert all(len(call) <= 8 for call in model.calls)
@@ -344,7 +347,13 @@ def test_stop_with_drain_finishes_queued_work_then_refuses() -> None:
         model.gate.set()
         await stopping
         assert await first == FakeModel.answer(("first", 1))
-        assert await asyncio.gather(*tasks) == [FakeModel.answer(item) for item in items]
+        drained = await asyncio.gather(*tasks)
+        check_outputs_equal(
+            drained,
+            [FakeModel.answer(item) for item in items],
+            name_a="drained",
+            name_b="each item's own answer",
+        )
         with pytest.raises(BatcherClosedError):
             await batcher.submit(("later", 1), 1)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from parity import check_close, check_outputs_equal
 from servers import LiveServer
 
 from model_export.profiles import MODEL_NAMES
@@ -61,8 +62,9 @@ def test_graph_on_cuda_matches_cpu(cuda_models: dict[str, LoadedModel], tiny_mod
     assert gpu.provider == CUDA
     cpu = load_model(tiny_models / name, RuntimeOptions(device="cpu"))
     feeds = _feeds(gpu)
-    for got, expected in zip(gpu.graphs["model"].run(feeds), cpu.graphs["model"].run(feeds), strict=True):
-        np.testing.assert_allclose(got, expected, atol=1e-3, rtol=1e-3)
+    outputs = zip(gpu.graphs["model"].run(feeds), cpu.graphs["model"].run(feeds), strict=True)
+    for i, (got, expected) in enumerate(outputs):
+        check_close(got, expected, atol=1e-3, rtol=1e-3, name_a=f"CUDA output {i}", name_b=f"CPU output {i}")
 
 
 def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel], tiny_models: Path) -> None:
@@ -77,8 +79,16 @@ def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel]
     on_cpu = Seq2SeqModel(cpu.graphs["encoder"], cpu.graphs["decoder"], cpu.manifest).beam_search(
         sources, 3, 10
     )
-    assert [r[0].tokens for r in on_gpu] == [r[0].tokens for r in on_cpu]
-    np.testing.assert_allclose([r[0].score for r in on_gpu], [r[0].score for r in on_cpu], atol=1e-3)
+    check_outputs_equal(
+        [r[0].tokens for r in on_gpu], [r[0].tokens for r in on_cpu], name_a="CUDA", name_b="CPU"
+    )
+    check_close(
+        [r[0].score for r in on_gpu],
+        [r[0].score for r in on_cpu],
+        atol=1e-3,
+        name_a="CUDA score",
+        name_b="CPU score",
+    )
 
 
 def test_service_serves_on_cuda(cuda_models: dict[str, LoadedModel], tiny_models: Path) -> None:

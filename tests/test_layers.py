@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity import check_close
 
 from model_export.bert import BertConfig, BertEncoder
 from model_export.gpt import GPT, GPTConfig
@@ -18,6 +19,7 @@ from model_export.vit import ViT, ViTConfig
 
 torch.manual_seed(0)
 ATOL = 1e-5
+RTOL = 1e-5  # torch.allclose's default, which these parity checks used
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_gpt_future_tokens_do_not_change_earlier_positions(gpt: GPT) -> None:
     changed[0, 6:] = (changed[0, 6:] + 7) % 50
     a, _ = gpt(ids)
     b, _ = gpt(changed)
-    assert torch.allclose(a[0, :6], b[0, :6], atol=ATOL)
+    check_close(a[0, :6], b[0, :6], atol=ATOL, rtol=RTOL, name_a="original", name_b="future changed")
     assert not torch.allclose(a[0, 6:], b[0, 6:], atol=ATOL)
 
 
@@ -72,7 +74,7 @@ def test_gpt_left_padding_does_not_change_real_tokens(gpt: GPT) -> None:
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
     alone, _ = gpt(ids)
     batched, _ = gpt(padded, mask, positions_from_mask(mask))
-    assert torch.allclose(alone[0], batched[0, 3:], atol=ATOL)
+    check_close(alone[0], batched[0, 3:], atol=ATOL, rtol=RTOL, name_a="alone", name_b="left-padded")
 
 
 @torch.no_grad()
@@ -82,10 +84,14 @@ def test_translator_decoder_is_causal_and_ignores_source_padding(translator: Tra
     base = translator(src, torch.ones_like(src), tgt)
     changed = tgt.clone()
     changed[0, 5:] = (changed[0, 5:] + 11) % 50
-    assert torch.allclose(base[0, :5], translator(src, torch.ones_like(src), changed)[0, :5], atol=ATOL)
+    later_changed = translator(src, torch.ones_like(src), changed)
+    check_close(
+        base[0, :5], later_changed[0, :5], atol=ATOL, rtol=RTOL, name_a="original", name_b="future changed"
+    )
     padded_src = torch.cat([src, torch.full((1, 4), 0)], dim=1)
     padded_mask = torch.cat([torch.ones_like(src), torch.zeros(1, 4, dtype=torch.long)], dim=1)
-    assert torch.allclose(base, translator(padded_src, padded_mask, tgt), atol=ATOL)
+    padded = translator(padded_src, padded_mask, tgt)
+    check_close(base, padded, atol=ATOL, rtol=RTOL, name_a="unpadded source", name_b="padded source")
 
 
 @torch.no_grad()
@@ -95,7 +101,7 @@ def test_bert_padding_does_not_change_real_tokens(bert: BertEncoder) -> None:
     mask = torch.tensor([[1] * 6 + [0] * 4])
     alone = bert(ids, torch.ones_like(ids), torch.zeros_like(ids))
     batched = bert(padded, mask, torch.zeros_like(padded))
-    assert torch.allclose(alone[0], batched[0, :6], atol=ATOL)
+    check_close(alone[0], batched[0, :6], atol=ATOL, rtol=RTOL, name_a="alone", name_b="right-padded")
 
 
 @torch.no_grad()
@@ -116,7 +122,7 @@ def test_gpt_cache_matches_full_pass_with_padding(gpt: GPT) -> None:
     full, _ = gpt(ids, mask, positions_from_mask(mask))
     _, past = gpt(ids[:, :5], mask[:, :5], positions_from_mask(mask)[:, :5])
     step, _ = gpt(ids[:, 5:], mask, positions_from_mask(mask)[:, 5:], past)
-    assert torch.allclose(full[:, 5:], step, atol=ATOL)
+    check_close(full[:, 5:], step, atol=ATOL, rtol=RTOL, name_a="full pass", name_b="cached step")
 
 
 def test_decoder_self_mask_combines_padding_and_causality() -> None:
@@ -128,7 +134,7 @@ def test_decoder_self_mask_combines_padding_and_causality() -> None:
 def test_vit_output_per_image_is_independent_of_the_batch() -> None:
     vit = ViT(ViTConfig(d_model=32, num_layers=2, num_heads=4, d_ff=64)).eval()
     x = torch.randn(3, 1, 28, 28)
-    assert torch.allclose(vit(x)[1], vit(x[1:2])[0], atol=ATOL)
+    check_close(vit(x)[1], vit(x[1:2])[0], atol=ATOL, rtol=RTOL, name_a="in a batch of 3", name_b="alone")
 
 
 @torch.no_grad()
@@ -140,4 +146,5 @@ def test_translator_teacher_forcing_matches_the_exported_decode_path(translator:
     decoded, _ = translator.decode(
         tgt, torch.ones_like(tgt), positions, src_mask, translator.cross_kv(memory)
     )
-    assert torch.allclose(translator(src, src_mask, tgt), decoded, atol=ATOL)
+    teacher_forced = translator(src, src_mask, tgt)
+    check_close(teacher_forced, decoded, atol=ATOL, rtol=RTOL, name_a="teacher forcing", name_b="decode path")
