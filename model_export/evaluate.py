@@ -28,7 +28,7 @@ from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
 from service.pipelines.text_inputs import pad_batch, truncate
 
-from . import metrics
+from . import scoring as metrics
 from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, load_sst2, load_tinyshakespeare
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from model_export.data import SquadExample
-from model_export.metrics import (
+from model_export.scoring import (
     bits_per_char,
     corpus_bleu,
     corpus_chrf,

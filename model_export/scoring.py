@@ -1,6 +1,7 @@
-"""Evaluation metrics, each matching the standard tool for its task so that reported
-numbers are comparable with published ones: sacreBLEU for translation, the official
-SQuAD v1.1 script for QA, conlleval for NER, and bits per character for language models.
+"""Evaluation scores, each matching the standard tool for its task so that reported numbers
+are comparable with published ones: sacreBLEU's BLEU and chrF for translation, the official
+SQuAD v1.1 script's exact match and F1 for QA, conlleval's entity F1 for NER, and bits per
+character for language models.
 """
 
 from __future__ import annotations
