@@ -38,7 +38,9 @@ class TranslatorConfig:
     pad_id: int = 0
 
 
-class Translator(nn.Module):
+class EncoderDecoder(nn.Module):
+    """Encoder, decoder and generator over one shared (tied) embedding: the Annotated Transformer's model."""
+
     def __init__(self, config: TranslatorConfig) -> None:
         super().__init__()
         self.config = config

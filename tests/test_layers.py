@@ -14,7 +14,7 @@ from model_export.layers import (
     positions_from_mask,
     scaled_dot_product_attention,
 )
-from model_export.translator import Translator, TranslatorConfig
+from model_export.translator import EncoderDecoder, TranslatorConfig
 from model_export.vit import ViT, ViTConfig
 
 torch.manual_seed(0)
@@ -28,8 +28,8 @@ def gpt() -> GPT:
 
 
 @pytest.fixture(scope="module")
-def translator() -> Translator:
-    return Translator(
+def translator() -> EncoderDecoder:
+    return EncoderDecoder(
         TranslatorConfig(
             vocab_size=50, d_model=32, num_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, max_len=32
         )
@@ -78,7 +78,7 @@ def test_gpt_left_padding_does_not_change_real_tokens(gpt: GPT) -> None:
 
 
 @torch.no_grad()
-def test_translator_decoder_is_causal_and_ignores_source_padding(translator: Translator) -> None:
+def test_translator_decoder_is_causal_and_ignores_source_padding(translator: EncoderDecoder) -> None:
     src = torch.randint(3, 50, (1, 7))
     tgt = torch.randint(3, 50, (1, 8))
     base = translator(src, torch.ones_like(src), tgt)
@@ -138,7 +138,7 @@ def test_vit_output_per_image_is_independent_of_the_batch() -> None:
 
 
 @torch.no_grad()
-def test_translator_teacher_forcing_matches_the_exported_decode_path(translator: Translator) -> None:
+def test_translator_teacher_forcing_matches_the_exported_decode_path(translator: EncoderDecoder) -> None:
     src, tgt = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
     src_mask = torch.ones_like(src)
     memory = translator.encode(src, src_mask)

@@ -16,7 +16,7 @@ from ..data import load_multi30k
 from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, TrainSpec, infinite
-from ..translator import Translator, TranslatorConfig
+from ..translator import EncoderDecoder, TranslatorConfig
 from .common import BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
@@ -26,7 +26,7 @@ PAD, BOS, EOS = 0, 1, 2
 class TranslatorEncoder(nn.Module):
     """(src_ids, src_mask) -> cross-attention keys/values for every decoder layer, computed once per request."""
 
-    def __init__(self, model: Translator) -> None:
+    def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
 
@@ -38,7 +38,7 @@ class TranslatorEncoder(nn.Module):
 class TranslatorDecoder(nn.Module):
     """(input_ids, attention_mask, position_ids, encoder_attention_mask, *cross, *past) -> (logits, *present)."""
 
-    def __init__(self, model: Translator) -> None:
+    def __init__(self, model: EncoderDecoder) -> None:
         super().__init__()
         self.model = model
         self.num_layers = model.config.decoder_layers
@@ -103,7 +103,7 @@ def prepare(ctx: BuildContext) -> TrainingJob:
         max_len=s["max_len"],
         pad_id=PAD,
     )
-    model = Translator(config)
+    model = EncoderDecoder(config)
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
         src, tgt_in, tgt_out = batch
@@ -137,7 +137,7 @@ def prepare(ctx: BuildContext) -> TrainingJob:
 
 def _finish(
     ctx: BuildContext,
-    model: Translator,
+    model: EncoderDecoder,
     config: TranslatorConfig,
     tokenizer: Tokenizer,
     train_pairs: int,
@@ -178,7 +178,7 @@ def _finish(
 
 def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
     model = trained.model
-    assert isinstance(model, Translator)
+    assert isinstance(model, EncoderDecoder)
     config = model.config
     n, h, dh = config.decoder_layers, config.num_heads, config.d_model // config.num_heads
     rng = np.random.default_rng(seed)
