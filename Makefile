@@ -45,7 +45,7 @@ bench: setup
 
 # Ten times the measured capacity for five minutes: the overload contract (README, "Overload and soak").
 soak: setup
-	$(PY) scripts/overload.py --models $(MODELS) --duration 300 --factor 10
+	$(PY) loadtests/overload.py --models $(MODELS) --duration 300 --factor 10
 
 # Pin the service's dependencies, and audit the pins for known vulnerabilities.
 lock: setup

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import platform
@@ -47,8 +46,12 @@ from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(ROOT)]  # loadtest_report, harness/
 from loadtest_report import write_report  # noqa: E402
+
+from harness.ports import free_port  # noqa: E402
+from harness.processes import die_with_parent, stop_process_group  # noqa: E402
+from harness.service_process import ServiceNotReady, ServiceProcess  # noqa: E402
 
 
 class SetupError(RuntimeError):
@@ -65,35 +68,6 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 60s, 2m, 1m30s)")
     hours, minutes, seconds = (int(g or 0) for g in match.groups())
     return float(hours * 3600 + minutes * 60 + seconds)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the process that started it dies (Linux; a no-op elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-
-
-def stop_process(proc: subprocess.Popen[Any] | None, name: str, grace: float = 15.0) -> None:
-    """SIGTERM the process group we created for ``proc``, then SIGKILL after ``grace`` seconds."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        print(f"loadtests/run: {name} did not stop within {grace:.0f}s: killing it", file=sys.stderr)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -130,7 +104,7 @@ class Stack:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.redis: subprocess.Popen[bytes] | None = None
-        self.service: subprocess.Popen[bytes] | None = None
+        self.service: ServiceProcess | None = None
         self.redis_url: str | None = None
         self.host: str | None = None
         self._logs: list[IO[bytes]] = []
@@ -162,7 +136,7 @@ class Stack:
         ]  # fmt: skip
         log = self._log("redis.log")
         self.redis = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
         )
 
         def pong() -> bool:
@@ -178,33 +152,20 @@ class Stack:
         return self.redis_url
 
     def start_service(self, models: Path, env_overrides: dict[str, str], ready_timeout: float) -> str:
-        port = free_port()
-        env = dict(os.environ)
-        env.update(
-            {
-                "MODEL_REPOSITORY": str(models),
-                "HOST": "127.0.0.1",
-                "PORT": str(port),
-                "ORT_DISABLE_TELEMETRY": "1",
-                "PYTHONUNBUFFERED": "1",
-            }
+        # REDIS_URL: this run's private Redis, never one this process happens to have in its environment.
+        env = {"MODEL_REPOSITORY": str(models), "REDIS_URL": self.redis_url, **env_overrides}
+        self.service = ServiceProcess(
+            env, log_path=self.out / "service.log", stop_grace_s=40, die_with_parent=True
         )
-        env.pop("REDIS_URL", None)
-        if self.redis_url:
-            env["REDIS_URL"] = self.redis_url
-        env.update(env_overrides)
-        self.host = f"http://127.0.0.1:{port}"
-        self.service = subprocess.Popen(
-            [sys.executable, "-m", "service"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log("service.log"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+        self.host = self.service.url
+        try:
+            self.service.start(ready_timeout_s=ready_timeout)
+        except ServiceNotReady as exc:
+            raise SetupError(f"{self.host}/health/ready: {exc}") from None
+        assert self.service.proc is not None
+        print(
+            f"loadtests/run: service pid {self.service.proc.pid} on {self.host}, models {models}", flush=True
         )
-        print(f"loadtests/run: service pid {self.service.pid} on {self.host}, models {models}", flush=True)
-        wait_ready(self.host, ready_timeout, lambda: self._dead(self.service, "service.log"))
         return self.host
 
     def _dead(self, proc: subprocess.Popen[bytes] | None, log: str) -> str | None:
@@ -215,8 +176,10 @@ class Stack:
         return None
 
     def stop(self) -> None:
-        stop_process(self.service, "the service", grace=40)
-        stop_process(self.redis, "redis-server", grace=10)
+        if self.service is not None and not self.service.stop():
+            print("loadtests/run: the service did not stop within 40s: killing it", file=sys.stderr)
+        if not stop_process_group(self.redis, grace_s=10):
+            print("loadtests/run: redis-server did not stop within 10s: killing it", file=sys.stderr)
         for f in self._logs:
             f.close()
         if self._redis_dir:
@@ -285,7 +248,7 @@ def run_locust(args: argparse.Namespace, host: str, out: Path, extra: list[str])
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         assert proc.stdout is not None
         reader = threading.Thread(target=_tee, args=(proc.stdout, log, not args.quiet), daemon=True)
@@ -408,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 else "in-process LRU (--no-redis)",
                 service_env=env,
                 pids={
-                    "service": stack.service.pid if stack.service else None,
+                    "service": stack.service.proc.pid if stack.service and stack.service.proc else None,
                     "redis": stack.redis.pid if stack.redis else None,
                 },
             )

@@ -22,7 +22,7 @@ times that rate per endpoint (arrivals on a fixed schedule, whatever the answers
 (``/v1/translate``, the dynamic batcher's queue) and sampled generation (``/v1/generate``,
 the continuous-batching queue); each body is unique, so no response cache can answer it.
 
-    python scripts/overload.py --models models/ --duration 300 --factor 10
+    python loadtests/overload.py --models models/ --duration 300 --factor 10
 
 launches ``python -m service`` on a free loopback port with a small queue
 (``--max-queue-size``, ``--queue-timeout``, cache off, one worker, ``--server-env NAME=VALUE``
@@ -43,12 +43,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
-import os
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -58,11 +54,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python loadtests/overload.py` anywhere: harness/
+
+from harness.event_loop import run_async  # noqa: E402
+from harness.http_client import HTTPClient  # noqa: E402
+from harness.json_file import write_json  # noqa: E402
+from harness.service_process import ServiceProcess  # noqa: E402
+from harness.stats import percentile  # noqa: E402
+
 MiB = 1024 * 1024
 
 SENTENCES = [
@@ -209,105 +210,23 @@ def parse_metrics(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
-class HttpClient:
-    """A minimal HTTP/1.1 client on asyncio streams with pooled keep-alive connections.
-
-    An order of magnitude cheaper per request than httpx at hundreds of open requests
-    (about 0.1 ms of client CPU against 1.5-5 ms measured on loopback), which matters
-    when the client and the server share a small machine: the offered load must come
-    from the client, not be throttled by it. JSON bodies, Content-Length or chunked
-    answers, plain http only.
-    """
-
-    def __init__(self, url: str, idle_s: float = 2.0, api_key: str | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None:
-            raise ValueError(f"an http://host:port URL is needed, got {url!r}")
-        self.host = parts.hostname
-        self.port = parts.port or 80
-        self.idle_s = idle_s  # a connection idle longer may have been closed by the server: not reused
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
-        self._auth = f"authorization: Bearer {api_key}\r\n" if api_key else ""
-
-    async def request(
-        self, method: str, path: str, body: Any = None, timeout: float = 30.0
-    ) -> tuple[int, dict[str, str], bytes]:
-        """(status, headers with lower-case names, body); raises TimeoutError, OSError or ValueError."""
-        return await asyncio.wait_for(self._request(method, path, body), timeout)
-
-    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        now = time.monotonic()
-        while self._idle:
-            reader, writer, since = self._idle.pop()
-            if now - since <= self.idle_s and not reader.at_eof():
-                return reader, writer
-            writer.close()
-        return await asyncio.open_connection(self.host, self.port)
-
-    async def _request(self, method: str, path: str, body: Any) -> tuple[int, dict[str, str], bytes]:
-        reader, writer = await self._connection()
-        payload = b"" if body is None else json.dumps(body).encode()
-        head = (
-            f"{method} {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n{self._auth}"
-            f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
-        )
-        keep = False
-        try:
-            writer.write(head.encode() + payload)
-            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            status = int(lines[0].split(" ", 2)[1])
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if line:
-                    headers[name.strip().lower()] = value.strip()
-            if "content-length" in headers:
-                data = await reader.readexactly(int(headers["content-length"]))
-            elif headers.get("transfer-encoding", "").lower() == "chunked":
-                chunks = []
-                while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-                    chunks.append(await reader.readexactly(size))
-                    await reader.readexactly(2)
-                await reader.readuntil(b"\r\n")  # the empty trailer
-                data = b"".join(chunks)
-            else:
-                raise ValueError(f"an answer with neither Content-Length nor chunks: {lines[0]!r}")
-            keep = headers.get("connection", "").lower() != "close"
-            return status, headers, data
-        finally:
-            if keep:
-                self._idle.append((reader, writer, time.monotonic()))
-            else:
-                writer.close()
-
-    async def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
-        status, _, data = await self.request("GET", path, timeout=timeout)
-        return status, data
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop()[1].close()
-
-
 async def one_request(
-    client: HttpClient, endpoint: Endpoint, i: int, phase_start: float, timeout_s: float
+    client: HTTPClient, endpoint: Endpoint, i: int, phase_start: float, timeout_s: float
 ) -> Record:
     started = time.monotonic()
     record = Record(endpoint.kind, started - phase_start, 0.0, 0)
     try:
-        status, headers, data = await client.request(
-            "POST", endpoint.path, endpoint.body(i, endpoint.items), timeout_s
-        )
+        response = await client.request("POST", endpoint.path, endpoint.body(i, endpoint.items), timeout_s)
     except (asyncio.TimeoutError, TimeoutError):
         record.error = f"no answer within the client timeout ({timeout_s:g} s)"
     except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     else:
-        record.status = status
-        record.retry_after = headers.get("retry-after")
-        if status != 200:
+        record.status = response.status
+        record.retry_after = response.headers.get("retry-after")
+        if response.status != 200:
             try:
-                record.error_type = json.loads(data)["error"]["type"]
+                record.error_type = response.json()["error"]["type"]
             except (ValueError, KeyError, TypeError):
                 record.error_type = None
     record.latency_s = time.monotonic() - started
@@ -315,7 +234,7 @@ async def one_request(
 
 
 async def closed_loop(
-    client: HttpClient,
+    client: HTTPClient,
     endpoints: Sequence[Endpoint],
     duration_s: float,
     timeout_s: float,
@@ -341,7 +260,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: HttpClient,
+    client: HTTPClient,
     rates: dict[str, float],
     endpoints: Sequence[Endpoint],
     duration_s: float,
@@ -398,11 +317,11 @@ class MetricsPoller:
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        client = HttpClient(self.url, api_key=self.api_key)
+        client = HTTPClient(self.url, api_key=self.api_key)
         try:
             while True:
                 try:
-                    _, text = await client.get("/metrics")
+                    text = (await client.get("/metrics")).body
                 except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError):
                     self.failures += 1
                 else:
@@ -411,7 +330,7 @@ class MetricsPoller:
                         self.max_depth[model] = max(self.max_depth.get(model, 0.0), value)
                 await asyncio.sleep(self.interval_s)
         finally:
-            client.close()
+            await client.close()
 
     async def __aenter__(self) -> MetricsPoller:
         self._task = asyncio.create_task(self._run())
@@ -426,14 +345,6 @@ class MetricsPoller:
 # --- summarising ----------------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
 @dataclass
 class PhaseSummary:
     name: str
@@ -443,12 +354,12 @@ class PhaseSummary:
     offered_rate: float  # requests/s actually sent, over the time they were offered
     accepted_rate: float  # 200s per second, until the last answer
     statuses: dict[str, int]  # "200", "429", "503", ..., "client error"
-    p50_s: float | None
-    p95_s: float | None
-    p99_s: float | None
-    max_s: float | None
-    refused_p50_s: float | None = None  # 429/503: how fast a refusal comes back
-    refused_p99_s: float | None = None
+    p50_s: float  # admitted latency (NaN: none admitted)
+    p95_s: float
+    p99_s: float
+    max_s: float
+    refused_p50_s: float = math.nan  # 429/503: how fast a refusal comes back
+    refused_p99_s: float = math.nan
     peak_rss_mib: float | None = None
     skipped: int = 0  # arrivals the client could not send (too many open requests)
     peak_open: int | None = None  # most requests open at once (open loop)
@@ -480,7 +391,7 @@ def summarize(
         p50_s=percentile(admitted, 50),
         p95_s=percentile(admitted, 95),
         p99_s=percentile(admitted, 99),
-        max_s=max(admitted, default=None),
+        max_s=max(admitted, default=math.nan),
         refused_p50_s=percentile(refused, 50),
         refused_p99_s=percentile(refused, 99),
         peak_rss_mib=None if peak_rss is None else peak_rss / MiB,
@@ -505,8 +416,8 @@ class Report:
     violations: list[str] = field(default_factory=list)
 
     def table(self) -> str:
-        def ms(v: float | None) -> str:
-            return "-" if v is None else f"{v * 1000:.0f}"
+        def ms(v: float) -> str:
+            return "-" if math.isnan(v) else f"{v * 1000:.0f}"
 
         head = (
             f"{'phase':<12} {'kind':<10} {'target/s':>8} {'offered/s':>9} {'accepted/s':>10} "
@@ -636,9 +547,9 @@ def _process_alive(pid: int) -> bool:
         return False
 
 
-async def served_endpoints(client: HttpClient, items: int) -> list[Endpoint]:
+async def served_endpoints(client: HTTPClient, items: int) -> list[Endpoint]:
     """The endpoints of the mix whose task has a loaded model, with ``items`` inputs per request."""
-    models = json.loads((await client.get("/v1/models"))[1])
+    models = (await client.get("/v1/models")).json()
     tasks = {m.get("task") for m in models.get("models", [])}
     return [replace(e, items=items) for e in ENDPOINTS if e.model_task in tasks]
 
@@ -664,7 +575,7 @@ async def run_overload(
     """
     phases = max(2, math.ceil(duration_s / phase_s))
     phase_s = duration_s / phases
-    client = HttpClient(url, api_key=api_key)
+    client = HTTPClient(url, api_key=api_key)
     with RssSampler(pid) as rss:
         try:
             endpoints = await served_endpoints(client, items)
@@ -717,15 +628,15 @@ async def run_overload(
                     await asyncio.sleep(1.0)
             report.max_queue_depth = poller.max_depth
 
-            report.ready_after = (await client.get("/health/ready"))[0]
-            metrics = (await client.get("/metrics"))[1].decode()
+            report.ready_after = (await client.get("/health/ready")).status
+            metrics = (await client.get("/metrics")).body.decode()
             report.rejected_queue_full = sum(
                 v
                 for labels, v in parse_metrics(metrics, "tserve_requests_rejected_total")
                 if labels.get("reason") == "queue_full"
             )
         finally:
-            client.close()
+            await client.close()
     report.alive_after = None if pid is None else _process_alive(pid)
     report.violations = check(report, overload)
     return report
@@ -733,20 +644,10 @@ async def run_overload(
 
 def run(url: str, pid: int | None, limits: Limits, **options: Any) -> Report:
     """``run_overload`` on a fresh event loop (uvloop when installed: a cheaper client)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(run_overload(url, pid, limits, **options))
-    return uvloop.run(run_overload(url, pid, limits, **options))
+    return run_async(run_overload(url, pid, limits, **options))
 
 
 # --- the command --------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def service_env(limits: Limits, threads: int = 1, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -761,38 +662,6 @@ def service_env(limits: Limits, threads: int = 1, extra: dict[str, str] | None =
         "INTRA_OP_THREADS": str(threads),
         **(extra or {}),
     }
-
-
-def launch(
-    models: Path, limits: Limits, threads: int, log_path: Path, extra_env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m service`` on a free loopback port with ``service_env``; waits until ready."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "MODEL_REPOSITORY": str(models),
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "ORT_DISABLE_TELEMETRY": "1",
-        **service_env(limits, threads, extra_env),
-    }
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the service exited with {proc.returncode}; see {log_path}")
-        try:
-            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"the service was not ready within 600 s; see {log_path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -841,15 +710,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra_env = dict(item.split("=", 1) for item in args.server_env if "=" in item)
     if len(extra_env) != len(args.server_env):
         parser.error("--server-env takes NAME=VALUE")
-    proc: subprocess.Popen[bytes] | None = None
+    service: ServiceProcess | None = None
     try:
         if args.models is not None:
             if not args.models.is_dir():
                 parser.error(f"--models {args.models} is not a directory")
             log_path = args.log or Path(tempfile.mkstemp(prefix="overload-service-", suffix=".log")[1])
             print(f"launching the service on {args.models} (log: {log_path})", flush=True)
-            proc, url = launch(args.models, limits, args.threads, log_path, extra_env)
-            pid: int | None = proc.pid
+            env = {"MODEL_REPOSITORY": str(args.models), **service_env(limits, args.threads, extra_env)}
+            service = ServiceProcess(env, log_path=log_path, stop_grace_s=60).start(ready_timeout_s=600)
+            assert service.proc is not None
+            url, pid = service.url, service.proc.pid
         else:
             url, pid = args.url.rstrip("/"), args.pid
         report = run(
@@ -865,20 +736,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             api_key=args.api_key,
             log=lambda line: print(line, flush=True),
         )
-    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
+    except (RuntimeError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if service is not None:
+            service.stop()
     print()
     print(report.table())
     if args.json is not None:
-        args.json.write_text(json.dumps(asdict(report), indent=2))
+        write_json(args.json, asdict(report))
     if report.violations:
         print("\nCONTRACT BROKEN:", *report.violations, sep="\n- ")
         return 1

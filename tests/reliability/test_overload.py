@@ -1,7 +1,7 @@
 """Overload against a real process: at 10x its measured capacity the service sheds load, it does not queue.
 
 ``python -m service`` runs as its own process on the tiny models with a small queue, and
-``scripts/overload.py`` (the soak command, README "Reliability") does the measuring with a
+``loadtests/overload.py`` (the soak command, README "Reliability") does the measuring with a
 short duration: capacity first (closed loop, at a concurrency that cannot fill a queue), then
 an open loop offering 10x that rate to /v1/translate (beam search, dynamic batcher) and
 /v1/generate (continuous batching) in two phases, sampling the server's VmRSS and its
@@ -33,15 +33,16 @@ from types import ModuleType
 
 import httpx
 import pytest
-from conftest import free_port
 from servers import ServiceProcess
+
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_overload() -> ModuleType:
-    """scripts/overload.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("overload", ROOT / "scripts" / "overload.py")
+    """loadtests/overload.py as a module (loadtests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("overload", ROOT / "loadtests" / "overload.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
