@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
@@ -70,12 +72,6 @@ def model_repo(tiny_models: Path, tmp_path: Path) -> Path:
     repo = tmp_path / "models"
     shutil.copytree(tiny_models, repo, ignore=shutil.ignore_patterns(".work"))
     return repo
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

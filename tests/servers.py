@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,10 +11,9 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import service_process
 from service.app import create_app
 from service.settings import Settings
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def metric(url: str, name: str, exclude: dict[str, str] | None = None, **labels: str) -> float:
@@ -67,51 +61,12 @@ class LiveServer:
         return self.app.state.inference.registry.pipelines[name]
 
 
-class ServiceProcess:
-    """``python -m service`` as a child process on a free port: for signals, restarts and crashes."""
+class ServiceProcess(service_process.ServiceProcess):
+    """``python -m service`` as a child process on ``port``: for signals, restarts and crashes.
+
+    Stopping kills it and every process it started (uvicorn workers) at once, whatever state a test
+    left it in: there is no drain to wait for.
+    """
 
     def __init__(self, port: int, env: dict[str, str], log_path: Path) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "ORT_DISABLE_TELEMETRY": "1", **env}
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_timeout_s: float = 300) -> ServiceProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop() reaches the workers too
-            )
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"the service was not ready within {ready_timeout_s}s:\n{self.log()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        """Kill the service and every process it started (uvicorn workers), whatever state it is in."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def __enter__(self) -> ServiceProcess:
-        return self.start()
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop()
+        super().__init__(env, port=port, log_path=log_path, stop_grace_s=0)

@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ import pytest
 import tomllib
 import yaml
 
+from harness.ports import free_port
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -401,9 +401,7 @@ def test_healthcheck_script_follows_readiness(health_server: tuple[int, type[_He
     handler.status = 200
     assert _run([sys.executable, str(HEALTHCHECK), f"http://127.0.0.1:{port}/health/ready"]).returncode == 0
     assert _run([sys.executable, str(HEALTHCHECK), f"http://127.0.0.1:{port}/elsewhere"]).returncode == 1
-    with socket.socket() as s:  # a port nobody listens on: not started yet
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()  # a port nobody listens on: not started yet
     result = _run([sys.executable, str(HEALTHCHECK)], env={**os.environ, "PORT": str(closed)})
     assert result.returncode == 1
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import httpx
 import onnx
-from conftest import RedisServer, free_port
+from conftest import RedisServer
 from servers import ServiceProcess, metric
 from tokenizers import Tokenizer
 
+from harness.ports import free_port
 from service.engine.manifest import MANIFEST, content_version, file_sha256
 
 

@@ -37,7 +37,6 @@ import hypothesis
 import pytest
 import requests
 import schemathesis
-from conftest import free_port
 from hypothesis import HealthCheck, given
 from schemathesis import Case
 from schemathesis.checks import not_a_server_error
@@ -53,6 +52,8 @@ from schemathesis.specs.openapi.checks import (
     unsupported_method,
 )
 from servers import ServiceProcess
+
+from harness.ports import free_port
 
 SEED = 20240611
 EXAMPLES_PER_OPERATION = 300  # schemathesis's fuzzing phase; its coverage phase adds its own cases

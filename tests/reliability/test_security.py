@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
 from servers import LiveServer, ServiceProcess
 
+from harness.ports import free_port
 from service.api.auth import ApiKeys
 from service.settings import Settings
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import free_port
 from servers import ServiceProcess, metric
+
+from harness.ports import free_port
 
 BATCHED = 6
 STREAMS = 4
