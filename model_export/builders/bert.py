@@ -417,7 +417,3 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
         "token-classification": {"logits": ["batch", "sequence", labels]},
     }[task]
     return {"model": bert_graph(trained.model, outputs, trained.tokenizer.get_vocab_size(), seed)}
-
-
-def clear_cache() -> None:
-    _prepared.clear()

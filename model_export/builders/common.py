@@ -158,6 +158,15 @@ def kv_cache_layout(num_layers: int, num_heads: int, head_dim: int) -> dict[str,
     }
 
 
+# The token inputs of every KV-cached decoder graph, in call order: the new tokens, a mask over the
+# cached past and the new tokens, and the new tokens' positions.
+DECODER_TOKEN_AXES: dict[str, list[str | int]] = {
+    "input_ids": ["batch", "sequence"],
+    "attention_mask": ["batch", "total_sequence"],
+    "position_ids": ["batch", "sequence"],
+}
+
+
 def past_names(num_layers: int, prefix: str) -> list[str]:
     return [f"{prefix}_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 

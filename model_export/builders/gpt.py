@@ -16,7 +16,7 @@ from ..gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, TrainSpec
-from .common import BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
+from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 EOS = "<|endoftext|>"
 
@@ -138,9 +138,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
         module=GPTWithCache(model),
         example_args=tuple(torch.from_numpy(example[k]) for k in names),
         input_axes={
-            "input_ids": ["batch", "sequence"],
-            "attention_mask": ["batch", "total_sequence"],
-            "position_ids": ["batch", "sequence"],
+            **DECODER_TOKEN_AXES,
             **{
                 k: ["batch", config.num_heads, "past_sequence", config.d_model // config.num_heads]
                 for k in names[3:]

@@ -17,7 +17,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, TrainSpec, infinite
 from ..translator import EncoderDecoder, TranslatorConfig
-from .common import BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
+from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -234,9 +234,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
             module=TranslatorDecoder(model),
             example_args=tuple(torch.from_numpy(dec_example[k]) for k in dec_names),
             input_axes={
-                "input_ids": ["batch", "sequence"],
-                "attention_mask": ["batch", "total_sequence"],
-                "position_ids": ["batch", "sequence"],
+                **DECODER_TOKEN_AXES,
                 "encoder_attention_mask": ["batch", "source_sequence"],
                 **{name: kv_axes for name in cross_names},
                 **{name: ["batch", h, "past_sequence", dh] for name in past_names(n, "past")},
