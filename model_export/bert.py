@@ -152,6 +152,11 @@ class BertForTokenClassification(nn.Module):
 
 
 def _init_bert_weights(module: nn.Module) -> None:
+    """BERT's own initialisation: N(0, 0.02) for every matrix, as in Devlin et al. and Hugging Face.
+
+    Not `layers.init_weights` (Xavier): masked-LM pretraining from scratch starts here, and a
+    checkpoint (`--init-from`, the default build) overwrites every encoder weight anyway.
+    """
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
