@@ -9,6 +9,7 @@ evaluate  score exported models through ONNX Runtime on a data split
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from .data import resolve_data_dir
 from .machine import describe as describe_machine
-from .profiles import MODEL_NAMES, PROFILES, profile_settings
+from .profiles import MODEL_NAMES, PROFILES, TranslatorRecipe, recipe_for
 
 log = logging.getLogger("model_export")
 
@@ -110,12 +111,11 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
         raise SystemExit("--steps-scale must be positive")
     contexts = []
     for name in _names(args.models):
-        settings = profile_settings(args.profile, name)
-        settings["steps"] = max(1, round(steps.get(name, settings["steps"]) * args.steps_scale))
-        settings["warmup_steps"] = max(1, min(settings["warmup_steps"], settings["steps"] // 5))
+        recipe = recipe_for(args.profile, name)
+        recipe = recipe.with_steps(max(1, round(steps.get(name, recipe.train.steps) * args.steps_scale)))
         init_from = Path(args.init_from) if args.init_from else None
         contexts.append(
-            BuildContext(name, data_dir, Path(args.out), args.profile, settings, args.seed, init_from)
+            BuildContext(name, data_dir, Path(args.out), args.profile, recipe, args.seed, init_from)
         )
     return contexts
 
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             job = jobs[i]
             if args.max_minutes is not None:
                 remaining = 60 * args.max_minutes - (time.perf_counter() - start)
-                job.spec.deadline_s = deadline_share(remaining, estimates[i], estimates[i + 1 :])
+                deadline_s = deadline_share(remaining, estimates[i], estimates[i + 1 :])
+                job.spec = dataclasses.replace(job.spec, deadline_s=deadline_s)
             seed_everything(ctx.seed)
             trained = job.run()
             trained.training["machine"] = describe_machine(threads)
@@ -211,10 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     if args.command == "all" and built:
-        limits = {
-            ctx.name: ctx.settings.get("eval_examples") or ctx.settings.get("eval_chars") for ctx in built
-        }
-        beam = max((ctx.settings.get("beam_size", 1) for ctx in built), default=1)
+        limits = {ctx.name: ctx.recipe.eval_limit for ctx in built}
+        beam = max((c.recipe.beam_size for c in built if isinstance(c.recipe, TranslatorRecipe)), default=1)
         results = _evaluate(
             Path(args.out), [c.name for c in built], built[0].data_dir, "validation", limits, beam
         )

@@ -18,7 +18,7 @@ from torch import nn
 from .layers import EncoderLayer, LearnedPositionalEmbedding, padding_mask
 
 
-@dataclass
+@dataclass(frozen=True)
 class BertConfig:
     vocab_size: int
     hidden_size: int = 384

@@ -2,7 +2,7 @@
 
 Each model's job runs a few optimizer steps on a copy of its model; the
 seconds per step times the step budget is its training time. Export and
-evaluation were timed once on the reference machine (the profile's
+evaluation were timed once on the reference machine (the recipe's
 `reference_*` figures) and are scaled by how much slower or faster this
 machine's steps are than the reference's.
 """
@@ -39,10 +39,10 @@ def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool) -> list[Mod
     estimates = []
     for job in jobs:
         seconds = job.seconds_per_step()
-        settings = job.ctx.settings
-        reference = settings.get("reference_step_s")
+        recipe = job.ctx.recipe
+        reference = recipe.reference_step_s
         speed = reference / seconds if reference else None
-        other = float(settings.get("reference_other_s", 0.0)) if export_and_evaluate else 0.0
+        other = float(recipe.reference_other_s) if export_and_evaluate else 0.0
         if speed is not None:
             other /= speed
         estimates.append(ModelEstimate(job.ctx.name, job.spec.steps, seconds, speed, other))

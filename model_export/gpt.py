@@ -10,7 +10,7 @@ from torch import nn
 from .layers import DecoderLayer, KeyValue, LearnedPositionalEmbedding, decoder_self_mask, init_weights
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int
     d_model: int = 256

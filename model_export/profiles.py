@@ -1,254 +1,310 @@
 """Build profiles: `tiny` builds every model in seconds for tests, `default` is what the quickstart serves.
 
-Every model trains for a fixed number of optimizer `steps` (the CLI's
-`--steps` and `--steps-scale` override them), with its learning-rate
-schedule tied to those steps, so any machine builds the same model; a slower
-one only takes longer. The default budgets were calibrated so that a default
-build meets every validation target with margin, and finishes within an hour
-on a 2-core AVX2-only CPU (README, "Model quality").
+A profile is one typed recipe per model: the architecture (the model's own
+config; its `vocab_size` is what the tokenizer is trained towards, and the
+builder puts in the size it reached), how much data, and the training
+schedule (a `TrainSpec`). Every model trains for a fixed number of optimizer
+steps (the CLI's `--steps` and `--steps-scale` override them), with its
+learning-rate schedule tied to those steps, so any machine builds the same
+model; a slower one only takes longer. The default budgets were calibrated so
+that a default build meets every validation target with margin, and finishes
+within an hour on a 2-core AVX2-only CPU (README, "Model quality").
 
 `reference_step_s` and `reference_other_s` are what one step, and export plus
 evaluation, took in the README's clean build (2-core AMD EPYC with PyTorch held
 to AVX2 kernels): the build estimate scales the latter by how this machine's
 measured warm-up compares with the former. They inform the estimate only; they
 never change what is trained.
+
+Data sizes (`train_pairs`, `train_examples`, `train_chars`, `eval_limit`) of
+None mean the whole split.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+
+from .bert import BertConfig
+from .gpt import GPTConfig
+from .training import TrainSpec
+from .translator import TranslatorConfig
+from .vit import ViTConfig
 
 MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "gpt", "vit"]
 
-PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {
-        "translator": dict(
-            dropout=0.0,
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """What every served model's recipe has: its schedule, what the build evaluates, the reference timings."""
+
+    train: TrainSpec
+    eval_limit: int | None = None  # validation examples the build scores (characters for gpt)
+    reference_step_s: float | None = None
+    reference_other_s: float = 0.0
+
+    def with_steps(self, steps: int) -> Recipe:
+        """The same recipe for `steps` optimizer steps; its warmup is capped at a fifth of them."""
+        warmup = max(1, min(self.train.warmup_steps, steps // 5))
+        return dataclasses.replace(
+            self, train=dataclasses.replace(self.train, steps=steps, warmup_steps=warmup)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslatorRecipe(Recipe):
+    model: TranslatorConfig
+    train_pairs: int | None
+    batch_tokens: int  # padded tokens per side of a batch
+    label_smoothing: float
+    beam_size: int  # what the build's evaluation decodes with
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertPretraining:
+    """The BERT encoder pretrained here with masked-LM: used only when no checkpoint is available."""
+
+    model: BertConfig
+    train: TrainSpec
+    batch_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertHeadRecipe(Recipe):
+    """A fine-tuned head (classifier, tagger) on the shared encoder."""
+
+    pretraining: BertPretraining
+    dropout: float
+    max_len: int
+    train_examples: int | None
+    batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertQaRecipe(BertHeadRecipe):
+    """The QA span head: serving windows of `max_len` by `stride`, shorter training windows."""
+
+    stride: int
+    max_question_len: int
+    max_answer_len: int
+    train_max_len: int
+    train_stride: int
+    negative_fraction: float  # answer-less training windows kept
+
+
+@dataclass(frozen=True, kw_only=True)
+class GptRecipe(Recipe):
+    model: GPTConfig
+    seq_len: int
+    train_chars: int | None
+    batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class VitRecipe(Recipe):
+    model: ViTConfig
+    train_examples: int | None
+    batch_size: int
+    hflip: bool
+    label_smoothing: float
+
+
+_TINY_BERT = BertPretraining(
+    model=BertConfig(
+        vocab_size=800,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position=128,
+        dropout=0.0,
+    ),
+    # The warmup outlasts these 30 steps: the tiny build has always trained so, and its weights depend on it.
+    train=TrainSpec(steps=30, lr=2e-3, warmup_steps=200),
+    batch_size=32,
+    seq_len=48,
+)
+
+TINY: dict[str, Recipe] = {
+    "translator": TranslatorRecipe(
+        model=TranslatorConfig(
             vocab_size=600,
             d_model=32,
             num_heads=2,
             d_ff=64,
             encoder_layers=2,
             decoder_layers=2,
-            max_len=64,
-            train_pairs=2000,
-            batch_tokens=600,
-            steps=40,
-            lr=3e-3,
-            warmup_steps=5,
-            label_smoothing=0.1,
-            eval_examples=32,
-            beam_size=1,
-        ),
-        "bert": dict(
-            dropout=0.0,
-            vocab_size=800,
-            hidden_size=32,
-            num_layers=2,
-            num_heads=2,
-            intermediate_size=64,
-            max_position=128,
-            pretrain_texts=3000,
-            pretrain_steps=30,
-            pretrain_batch=32,
-            pretrain_len=48,
-            pretrain_lr=2e-3,
-        ),
-        "bert-classifier": dict(
-            dropout=0.0,
-            max_len=48,
-            train_examples=2000,
-            batch_size=32,
-            steps=30,
-            lr=2e-3,
-            warmup_steps=5,
-            eval_examples=64,
-        ),
-        "bert-qa": dict(
-            dropout=0.0,
-            max_len=96,
-            stride=32,
-            max_question_len=24,
-            max_answer_len=30,
-            train_max_len=64,
-            train_stride=16,
-            negative_fraction=0.1,
-            train_examples=400,
-            batch_size=16,
-            steps=20,
-            lr=2e-3,
-            warmup_steps=5,
-            eval_examples=24,
-        ),
-        "bert-tagger": dict(
             dropout=0.0,
             max_len=64,
-            train_examples=1000,
-            batch_size=32,
-            steps=30,
-            lr=2e-3,
-            warmup_steps=5,
-            eval_examples=64,
         ),
-        "gpt": dict(
-            dropout=0.0,
-            vocab_size=400,
-            d_model=32,
-            num_layers=2,
-            num_heads=2,
-            d_ff=64,
-            max_len=64,
-            seq_len=64,
-            train_chars=60_000,
-            batch_size=16,
-            steps=40,
-            lr=3e-3,
-            warmup_steps=5,
-            eval_chars=4000,
+        train_pairs=2000,
+        batch_tokens=600,
+        label_smoothing=0.1,
+        train=TrainSpec(steps=40, lr=3e-3, warmup_steps=5, weight_decay=0.01),
+        eval_limit=32,
+        beam_size=1,
+    ),
+    "bert-classifier": BertHeadRecipe(
+        pretraining=_TINY_BERT,
+        dropout=0.0,
+        max_len=48,
+        train_examples=2000,
+        batch_size=32,
+        train=TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01),
+        eval_limit=64,
+    ),
+    "bert-qa": BertQaRecipe(
+        pretraining=_TINY_BERT,
+        dropout=0.0,
+        max_len=96,
+        stride=32,
+        max_question_len=24,
+        max_answer_len=30,
+        train_max_len=64,
+        train_stride=16,
+        negative_fraction=0.1,
+        train_examples=400,
+        batch_size=16,
+        train=TrainSpec(steps=20, lr=2e-3, warmup_steps=5, weight_decay=0.01),
+        eval_limit=24,
+    ),
+    "bert-tagger": BertHeadRecipe(
+        pretraining=_TINY_BERT,
+        dropout=0.0,
+        max_len=64,
+        train_examples=1000,
+        batch_size=32,
+        train=TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01),
+        eval_limit=64,
+    ),
+    "gpt": GptRecipe(
+        model=GPTConfig(
+            vocab_size=400, d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64, dropout=0.0
         ),
-        "vit": dict(
-            dropout=0.0,
-            patch_size=7,
-            d_model=32,
-            num_layers=2,
-            num_heads=2,
-            d_ff=64,
-            train_examples=2000,
-            batch_size=64,
-            hflip=False,
-            label_smoothing=0.0,
-            steps=30,
-            lr=3e-3,
-            warmup_steps=5,
-            eval_examples=256,
-        ),
-    },
-    "default": {
-        "translator": dict(
-            dropout=0.0,
+        seq_len=64,
+        train_chars=60_000,
+        batch_size=16,
+        train=TrainSpec(steps=40, lr=3e-3, warmup_steps=5, weight_decay=0.1),
+        eval_limit=4000,
+    ),
+    "vit": VitRecipe(
+        model=ViTConfig(patch_size=7, d_model=32, num_layers=2, num_heads=2, d_ff=64, dropout=0.0),
+        train_examples=2000,
+        batch_size=64,
+        hflip=False,
+        label_smoothing=0.0,
+        train=TrainSpec(steps=30, lr=3e-3, warmup_steps=5, weight_decay=0.05),
+        eval_limit=256,
+    ),
+}
+
+# Used only when no checkpoint is available: BERT pretrained from scratch with masked-LM.
+_DEFAULT_BERT = BertPretraining(
+    model=BertConfig(
+        vocab_size=16000,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        intermediate_size=1024,
+        max_position=512,
+        dropout=0.0,
+    ),
+    train=TrainSpec(steps=800, lr=5e-4, warmup_steps=200),
+    batch_size=64,
+    seq_len=128,
+)
+
+DEFAULT: dict[str, Recipe] = {
+    "translator": TranslatorRecipe(
+        model=TranslatorConfig(
             vocab_size=8000,
             d_model=256,
             num_heads=4,
             d_ff=1024,
             encoder_layers=3,
             decoder_layers=3,
-            max_len=256,
-            train_pairs=None,
-            batch_tokens=2000,
-            # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
-            # source within a few hundred steps; 1,000 steps reached BLEU 31.4.
-            steps=650,
-            lr=0.001,
-            warmup_steps=100,
-            label_smoothing=0.1,
-            eval_examples=None,
-            beam_size=4,
-            reference_step_s=0.903,
-            reference_other_s=67,
-        ),
-        # Used only when no checkpoint is available: BERT pretrained from scratch with masked-LM.
-        "bert": dict(
-            dropout=0.0,
-            vocab_size=16000,
-            hidden_size=256,
-            num_layers=4,
-            num_heads=4,
-            intermediate_size=1024,
-            max_position=512,
-            pretrain_texts=None,
-            pretrain_steps=800,
-            pretrain_batch=64,
-            pretrain_len=128,
-            pretrain_lr=5e-4,
-        ),
-        "bert-classifier": dict(
-            dropout=0.0,
-            max_len=64,
-            train_examples=None,
-            batch_size=32,
-            steps=200,
-            lr=0.0001,
-            warmup_steps=30,
-            eval_examples=None,
-            reference_step_s=0.26,
-            reference_other_s=14,
-        ),
-        "bert-qa": dict(
             dropout=0.0,
             max_len=256,
-            stride=128,
-            max_question_len=64,
-            max_answer_len=30,
-            train_max_len=128,
-            train_stride=64,
-            negative_fraction=0.1,
-            train_examples=None,
-            batch_size=8,
-            steps=350,
-            lr=1e-4,
-            warmup_steps=30,
-            eval_examples=None,
-            reference_step_s=0.554,
-            reference_other_s=70,
         ),
-        "bert-tagger": dict(
-            dropout=0.0,
-            max_len=128,
-            train_examples=None,
-            batch_size=32,
-            steps=350,
-            lr=1e-4,
-            warmup_steps=30,
-            eval_examples=None,
-            reference_step_s=0.357,
-            reference_other_s=38,
+        train_pairs=None,
+        batch_tokens=2000,
+        label_smoothing=0.1,
+        # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
+        # source within a few hundred steps; 1,000 steps reached BLEU 31.4.
+        train=TrainSpec(steps=650, lr=0.001, warmup_steps=100, weight_decay=0.01),
+        beam_size=4,
+        reference_step_s=0.903,
+        reference_other_s=67,
+    ),
+    "bert-classifier": BertHeadRecipe(
+        pretraining=_DEFAULT_BERT,
+        dropout=0.0,
+        max_len=64,
+        train_examples=None,
+        batch_size=32,
+        train=TrainSpec(steps=200, lr=0.0001, warmup_steps=30, weight_decay=0.01),
+        reference_step_s=0.26,
+        reference_other_s=14,
+    ),
+    "bert-qa": BertQaRecipe(
+        pretraining=_DEFAULT_BERT,
+        dropout=0.0,
+        max_len=256,
+        stride=128,
+        max_question_len=64,
+        max_answer_len=30,
+        train_max_len=128,
+        train_stride=64,
+        negative_fraction=0.1,
+        train_examples=None,
+        batch_size=8,
+        train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+        reference_step_s=0.554,
+        reference_other_s=70,
+    ),
+    "bert-tagger": BertHeadRecipe(
+        pretraining=_DEFAULT_BERT,
+        dropout=0.0,
+        max_len=128,
+        train_examples=None,
+        batch_size=32,
+        train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+        reference_step_s=0.357,
+        reference_other_s=38,
+    ),
+    "gpt": GptRecipe(
+        # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
+        # stalls while the training loss keeps falling. 192 wide, not 256: at the same compute the
+        # smaller model sees more text and ends lower (2.47 vs 2.58 bits per character).
+        model=GPTConfig(
+            vocab_size=2048, d_model=192, num_layers=4, num_heads=4, d_ff=768, max_len=256, dropout=0.1
         ),
-        "gpt": dict(
-            # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
-            # stalls while the training loss keeps falling. 192 wide, not 256: at the same compute the
-            # smaller model sees more text and ends lower (2.47 vs 2.58 bits per character).
-            dropout=0.1,
-            vocab_size=2048,
-            d_model=192,
-            num_layers=4,
-            num_heads=4,
-            d_ff=768,
-            max_len=256,
-            seq_len=256,  # the whole served context: every learned position is trained
-            train_chars=None,
-            batch_size=8,
-            steps=850,
-            lr=0.002,
-            warmup_steps=100,
-            eval_chars=None,
-            reference_step_s=0.499,
-            reference_other_s=13,
-        ),
-        "vit": dict(
-            dropout=0.0,
-            patch_size=7,
-            d_model=128,
-            num_layers=4,
-            num_heads=4,
-            d_ff=256,
-            train_examples=None,
-            batch_size=128,
-            # A few epochs only: mirrored images and label smoothing slowed learning more than they
-            # regularised (0.873 with both, 0.883 without, at 1,500 steps).
-            hflip=False,
-            label_smoothing=0.0,
-            steps=2200,
-            lr=2e-3,
-            warmup_steps=200,
-            eval_examples=None,
-            reference_step_s=0.107,
-            reference_other_s=5,
-        ),
-    },
+        seq_len=256,  # the whole served context: every learned position is trained
+        train_chars=None,
+        batch_size=8,
+        train=TrainSpec(steps=850, lr=0.002, warmup_steps=100, weight_decay=0.1),
+        reference_step_s=0.499,
+        reference_other_s=13,
+    ),
+    "vit": VitRecipe(
+        model=ViTConfig(patch_size=7, d_model=128, num_layers=4, num_heads=4, d_ff=256, dropout=0.0),
+        train_examples=None,
+        batch_size=128,
+        # A few epochs only: mirrored images and label smoothing slowed learning more than they
+        # regularised (0.873 with both, 0.883 without, at 1,500 steps).
+        hflip=False,
+        label_smoothing=0.0,
+        train=TrainSpec(steps=2200, lr=2e-3, warmup_steps=200, weight_decay=0.05),
+        reference_step_s=0.107,
+        reference_other_s=5,
+    ),
 }
 
+PROFILES: dict[str, dict[str, Recipe]] = {"tiny": TINY, "default": DEFAULT}
 
-def profile_settings(profile: str, model: str) -> dict[str, Any]:
+
+def recipe_for(profile: str, model: str) -> Recipe:
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: choose one of {sorted(PROFILES)}")
-    return dict(PROFILES[profile][model])
+    return PROFILES[profile][model]

@@ -28,8 +28,10 @@ from tqdm import tqdm
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSpec:
+    """An optimizer-step budget and its learning-rate schedule: a recipe's, with the build's device and guard."""
+
     steps: int
     lr: float
     warmup_steps: int = 100

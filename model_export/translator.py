@@ -25,7 +25,7 @@ from .layers import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TranslatorConfig:
     vocab_size: int
     d_model: int = 256

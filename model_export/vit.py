@@ -10,7 +10,7 @@ from torch import nn
 from .layers import EncoderLayer, init_weights
 
 
-@dataclass
+@dataclass(frozen=True)
 class ViTConfig:
     image_size: int = 28
     patch_size: int = 4

@@ -48,7 +48,7 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 def test_quality_table_gives_the_default_step_budgets() -> None:
     """The README's quality table states each model's step budget as the default profile has it."""
-    from model_export.profiles import MODEL_NAMES, profile_settings
+    from model_export.profiles import MODEL_NAMES, recipe_for
 
     text = README.read_text()
     table = text[text.index("## Model quality") :]
@@ -61,4 +61,4 @@ def test_quality_table_gives_the_default_step_budgets() -> None:
     assert set(rows) == set(MODEL_NAMES)
     for name, cells in rows.items():
         steps = int(cells[-1].replace(",", "").split()[0])
-        assert steps == profile_settings("default", name)["steps"], (name, cells[-1])
+        assert steps == recipe_for("default", name).train.steps, (name, cells[-1])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import bert, gpt, translator, vit
 from .common import BuildContext, GraphSpec, Trained, TrainingJob
 
-Builder = tuple[Callable[[BuildContext], TrainingJob], Callable[[Trained, int], dict[str, GraphSpec]]]
+Builder = tuple[Callable[[BuildContext[Any]], TrainingJob], Callable[[Trained, int], dict[str, GraphSpec]]]
 
 BUILDERS: dict[str, Builder] = {
     "translator": (translator.prepare, translator.graphs),

@@ -26,7 +26,6 @@ from torch import nn
 from service.pipelines.qa_spans import answer_token_span, qa_windows
 
 from ..bert import (
-    BertConfig,
     BertEncoder,
     BertForMaskedLM,
     BertForQuestionAnswering,
@@ -36,9 +35,9 @@ from ..bert import (
 from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
 from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
 from ..onnx_export import GraphSpec, auto_dims
-from ..profiles import profile_settings
+from ..profiles import BertHeadRecipe, BertQaRecipe
 from ..tokenization import train_wordpiece, wordpiece_from_vocab
-from ..training import TrainResult, TrainSpec, infinite, save_curve, train
+from ..training import TrainResult, infinite, save_curve, train
 from .common import BuildContext, LossFn, Trained, TrainingJob
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class PreparedEncoder:
 _prepared: dict[tuple[str, str, str], PreparedEncoder] = {}
 
 
-def prepare_encoder(ctx: BuildContext) -> PreparedEncoder:
+def prepare_encoder(ctx: BuildContext[BertHeadRecipe]) -> PreparedEncoder:
     """Load the checkpoint or pretrain with masked-LM, once per (profile, source, data) in this process."""
     init_from = ctx.init_from
     if init_from is None and ctx.profile == "default" and (DEFAULT_CHECKPOINT_DIR / "config.json").is_file():
@@ -85,7 +84,7 @@ def prepare_encoder(ctx: BuildContext) -> PreparedEncoder:
     return _prepared[key]
 
 
-def pretraining_texts(ctx: BuildContext) -> list[str]:
+def pretraining_texts(ctx: BuildContext[BertHeadRecipe]) -> list[str]:
     texts = [s for s, _ in load_sst2(ctx.data_dir, "train")]
     squad = load_squad(ctx.data_dir, "train")
     texts += sorted({ex.context for ex in squad}) + [ex.question for ex in squad]
@@ -94,35 +93,25 @@ def pretraining_texts(ctx: BuildContext) -> list[str]:
     return texts
 
 
-def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
+def pretrain_mlm(ctx: BuildContext[BertHeadRecipe]) -> PreparedEncoder:
     """Masked-LM pretraining: 15% of tokens chosen, of those 80% [MASK], 10% random, 10% kept."""
-    s = profile_settings(ctx.profile, "bert")
-    texts = (
-        ctx.limit(pretraining_texts(ctx), "pretrain_texts") if s["pretrain_texts"] else pretraining_texts(ctx)
-    )
-    tokenizer = train_wordpiece(texts, s["vocab_size"])
-    config = BertConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=s["hidden_size"],
-        num_layers=s["num_layers"],
-        num_heads=s["num_heads"],
-        intermediate_size=s["intermediate_size"],
-        max_position=s["max_position"],
-        dropout=s["dropout"],
-    )
+    recipe = ctx.recipe.pretraining
+    texts = pretraining_texts(ctx)
+    tokenizer = train_wordpiece(texts, recipe.model.vocab_size)
+    config = dataclasses.replace(recipe.model, vocab_size=tokenizer.get_vocab_size())
     mlm = BertForMaskedLM(BertEncoder(config))
     cls_id, sep_id, mask_id = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
     stream = [
         t for enc in tokenizer.encode_batch(texts, add_special_tokens=False) for t in [*enc.ids, sep_id]
     ]
-    body = s["pretrain_len"] - 1
+    body = recipe.seq_len - 1
     chunks = torch.tensor(stream[: len(stream) // body * body]).view(-1, body)
     chunks = torch.cat([torch.full((len(chunks), 1), cls_id), chunks], dim=1)  # (N, L)
     gen = torch.Generator().manual_seed(ctx.seed)
 
     def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
-            ids = chunks[torch.randint(0, len(chunks), (s["pretrain_batch"],), generator=gen)].clone()
+            ids = chunks[torch.randint(0, len(chunks), (recipe.batch_size,), generator=gen)].clone()
             chosen = (torch.rand(ids.shape, generator=gen) < 0.15) & (ids != cls_id) & (ids != sep_id)
             labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
             roll = torch.rand(ids.shape, generator=gen)
@@ -138,7 +127,7 @@ def pretrain_mlm(ctx: BuildContext) -> PreparedEncoder:
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
         return loss, len(ids), ids.numel()
 
-    spec = TrainSpec(s["pretrain_steps"], s["pretrain_lr"], warmup_steps=200, device=ctx.device)
+    spec = dataclasses.replace(recipe.train, device=ctx.device)
     result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
     origin = {
         "init_from": None,
@@ -216,7 +205,7 @@ def _head_manifest(prepared: PreparedEncoder, task: str, extra: dict[str, Any]) 
 
 
 def _head_job(
-    ctx: BuildContext,
+    ctx: BuildContext[BertHeadRecipe],
     model: nn.Module,
     epoch: Callable[[int], Iterator[Any]],
     loss_fn: LossFn,
@@ -224,12 +213,10 @@ def _head_job(
     finish: Callable[[TrainResult], Trained],
 ) -> TrainingJob:
     """`epoch(e)` yields epoch e's batches in an order seeded by e (the job offsets e by its seed)."""
-    s = ctx.settings
-    set_dropout(model, s["dropout"])
+    set_dropout(model, ctx.recipe.dropout)
     # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
     # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
     model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
-    spec = TrainSpec(s["steps"], s["lr"], s["warmup_steps"], weight_decay=0.01, device=ctx.device)
 
     def finish_with_curves(result: TrainResult) -> Trained:
         if prepared.pretraining_losses:
@@ -243,15 +230,15 @@ def _head_job(
     def batches(seed: int) -> Iterator[Any]:
         return infinite(lambda e: epoch(seed + e))
 
-    return TrainingJob(ctx, model, batches, loss_fn, spec, "tokens", finish_with_curves)
+    return TrainingJob(ctx, model, batches, loss_fn, "tokens", finish_with_curves)
 
 
-def prepare_classifier(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
+def prepare_classifier(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
-    rows = ctx.limit(load_sst2(ctx.data_dir, "train"), "train_examples")
-    encoded = [truncate(e.ids, s["max_len"]) for e in tok.encode_batch([t for t, _ in rows])]
+    rows = load_sst2(ctx.data_dir, "train")[: recipe.train_examples]
+    encoded = [truncate(e.ids, recipe.max_len) for e in tok.encode_batch([t for t, _ in rows])]
     labels = torch.tensor([y for _, y in rows])
     model = BertForSequenceClassification(copy.deepcopy(prepared.encoder), num_labels=len(SST2_LABELS))
     if prepared.pooler is not None:
@@ -259,7 +246,7 @@ def prepare_classifier(ctx: BuildContext) -> TrainingJob:
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in length_bucketed(len(encoded), [len(x) for x in encoded], s["batch_size"], e):
+        for idx in length_bucketed(len(encoded), [len(x) for x in encoded], recipe.batch_size, e):
             yield pad_batch([encoded[i] for i in idx], pad), labels[idx]
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -274,7 +261,7 @@ def prepare_classifier(ctx: BuildContext) -> TrainingJob:
             {
                 "description": "BERT [CLS] classifier, SST-2 sentiment",
                 "labels": SST2_LABELS,
-                "max_sequence_length": s["max_len"],
+                "max_sequence_length": recipe.max_len,
             },
         )
         training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
@@ -283,11 +270,11 @@ def prepare_classifier(ctx: BuildContext) -> TrainingJob:
     return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
 
 
-def prepare_qa(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
+def prepare_qa(ctx: BuildContext[BertQaRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
-    examples = ctx.limit(load_squad(ctx.data_dir, "train"), "train_examples")
+    examples = load_squad(ctx.data_dir, "train")[: recipe.train_examples]
     # Training windows are shorter than serving windows (compute on 2 cores is the limit) and are mostly
     # ones that contain the answer; a few answer-less ones teach the head to prefer [CLS] there.
     rng = random.Random(ctx.seed)
@@ -295,11 +282,11 @@ def prepare_qa(ctx: BuildContext) -> TrainingJob:
     for ex in examples:
         answer_start, answer_text = ex.answers[0]
         windows = qa_windows(
-            tok, ex.question, ex.context, s["train_max_len"], s["train_stride"], s["max_question_len"]
+            tok, ex.question, ex.context, recipe.train_max_len, recipe.train_stride, recipe.max_question_len
         )
         for window in windows:
             span = answer_token_span(window, answer_start, answer_start + len(answer_text))
-            if span is None and rng.random() >= s["negative_fraction"]:
+            if span is None and rng.random() >= recipe.negative_fraction:
                 continue
             start, end = span if span is not None else (0, 0)  # no answer in this window: point at [CLS]
             features.append((window.input_ids, window.token_type_ids, start, end))
@@ -308,7 +295,7 @@ def prepare_qa(ctx: BuildContext) -> TrainingJob:
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, ...]]:
-        for idx in length_bucketed(len(features), [len(f[0]) for f in features], s["batch_size"], e):
+        for idx in length_bucketed(len(features), [len(f[0]) for f in features], recipe.batch_size, e):
             batch = [features[i] for i in idx]
             yield (
                 pad_batch([f[0] for f in batch], pad),
@@ -330,11 +317,11 @@ def prepare_qa(ctx: BuildContext) -> TrainingJob:
             "question-answering",
             {
                 "description": "BERT span head over (question, context), SQuAD v1.1",
-                "max_sequence_length": s["max_len"],
+                "max_sequence_length": recipe.max_len,
                 "qa": {
-                    "stride": s["stride"],
-                    "max_question_length": s["max_question_len"],
-                    "max_answer_length": s["max_answer_len"],
+                    "stride": recipe.stride,
+                    "max_question_length": recipe.max_question_len,
+                    "max_answer_length": recipe.max_answer_len,
                 },
             },
         )
@@ -366,17 +353,17 @@ def encode_tagged(
     return ids, labels
 
 
-def prepare_tagger(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
+def prepare_tagger(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
     prepared = prepare_encoder(ctx)
     tok = prepared.tokenizer
-    sentences = ctx.limit(load_conll(ctx.data_dir, "train"), "train_examples")
-    encoded = [encode_tagged(tok, sent.tokens, sent.tags, s["max_len"]) for sent in sentences]
+    sentences = load_conll(ctx.data_dir, "train")[: recipe.train_examples]
+    encoded = [encode_tagged(tok, sent.tokens, sent.tags, recipe.max_len) for sent in sentences]
     model = BertForTokenClassification(copy.deepcopy(prepared.encoder), num_labels=len(CONLL_LABELS))
     pad = tok.token_to_id("[PAD]")
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], s["batch_size"], e):
+        for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], recipe.batch_size, e):
             yield (
                 pad_batch([encoded[i][0] for i in idx], pad),
                 pad_batch([encoded[i][1] for i in idx], IGNORE),
@@ -396,7 +383,7 @@ def prepare_tagger(ctx: BuildContext) -> TrainingJob:
             {
                 "description": "BERT per-token BIO tagger, CoNLL-2003 English NER (IOB1 converted to BIO)",
                 "labels": CONLL_LABELS,
-                "max_sequence_length": s["max_len"],
+                "max_sequence_length": recipe.max_len,
                 "tagging": {"scheme": "BIO", "label_on": "first sub-token of each word"},
             },
         )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import platform
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from tokenizers import Tokenizer
@@ -18,20 +19,23 @@ from torch import nn
 
 from ..manifest import write_manifest
 from ..onnx_export import OPSET, GraphSpec, export_graph
+from ..profiles import Recipe
+from ..training import TrainResult, TrainSpec, optimizer_for, train, train_step
 
 __all__ = ["GraphSpec"]
-from ..training import TrainResult, TrainSpec, optimizer_for, train, train_step
 
 log = logging.getLogger(__name__)
 
+R = TypeVar("R", bound=Recipe)
+
 
 @dataclass
-class BuildContext:
+class BuildContext(Generic[R]):
     name: str
     data_dir: Path
     out_dir: Path
     profile: str
-    settings: dict[str, Any]
+    recipe: R
     seed: int = 0
     init_from: Path | None = None
     device: str = "cpu"
@@ -46,11 +50,6 @@ class BuildContext:
         path = self.out_dir / ".work" / self.name
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-    def limit(self, items: list[Any], key: str) -> list[Any]:
-        """The first `settings[key]` items (None = all): the tiny profile trains on a slice."""
-        n = self.settings.get(key)
-        return items if n is None else items[:n]
 
 
 @dataclass
@@ -90,13 +89,16 @@ class TrainingJob:
     can draw its own without touching the one the real run sees.
     """
 
-    ctx: BuildContext
+    ctx: BuildContext[Any]
     model: nn.Module
     batches: Callable[[int], Iterator[Any]]
     loss_fn: LossFn
-    spec: TrainSpec
     unit: str
     finish: Callable[[TrainResult], Trained]
+    spec: TrainSpec = field(init=False)  # the recipe's; the --max-minutes guard gives it a deadline
+
+    def __post_init__(self) -> None:
+        self.spec = dataclasses.replace(self.ctx.recipe.train, device=self.ctx.device)
 
     def run(self) -> Trained:
         result = train(
@@ -171,7 +173,7 @@ def past_names(num_layers: int, prefix: str) -> list[str]:
     return [f"{prefix}_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 
 
-def export_model(ctx: BuildContext, trained: Trained, graphs: dict[str, GraphSpec]) -> dict[str, Any]:
+def export_model(ctx: BuildContext[Any], trained: Trained, graphs: dict[str, GraphSpec]) -> dict[str, Any]:
     """Export the graphs, write tokenizer + manifest + curves into <name>.partial, then swap it into place.
 
     Building beside the live folder means a failed export never leaves a

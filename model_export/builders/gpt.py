@@ -14,8 +14,9 @@ from torch import nn
 from ..data import load_tinyshakespeare
 from ..gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
+from ..profiles import GptRecipe
 from ..tokenization import train_byte_level_bpe
-from ..training import TrainResult, TrainSpec
+from ..training import TrainResult
 from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 EOS = "<|endoftext|>"
@@ -53,24 +54,14 @@ def cache_feeds(
     return feeds
 
 
-def prepare(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
-    text = load_tinyshakespeare(ctx.data_dir, "train")
-    if s["train_chars"]:
-        text = text[: s["train_chars"]]
-    tokenizer = train_byte_level_bpe(text.splitlines(keepends=True), s["vocab_size"], [EOS])
+def prepare(ctx: BuildContext[GptRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
+    text = load_tinyshakespeare(ctx.data_dir, "train")[: recipe.train_chars]
+    tokenizer = train_byte_level_bpe(text.splitlines(keepends=True), recipe.model.vocab_size, [EOS])
     ids = torch.tensor(tokenizer.encode(text).ids, dtype=torch.long)
-    config = GPTConfig(
-        dropout=s["dropout"],
-        vocab_size=tokenizer.get_vocab_size(),
-        d_model=s["d_model"],
-        num_layers=s["num_layers"],
-        num_heads=s["num_heads"],
-        d_ff=s["d_ff"],
-        max_len=s["max_len"],
-    )
+    config = dataclasses.replace(recipe.model, vocab_size=tokenizer.get_vocab_size())
     model = GPT(config)
-    seq_len, batch_size = s["seq_len"], s["batch_size"]
+    seq_len, batch_size = recipe.seq_len, recipe.batch_size
     # Windows cover the positions the model serves (and evaluation scores): a position the training
     # never saw has an untrained embedding.
     assert seq_len <= config.max_len, f"seq_len {seq_len} exceeds the position table size {config.max_len}"
@@ -86,20 +77,18 @@ def prepare(ctx: BuildContext) -> TrainingJob:
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         return loss, batch.size(0), batch[:, 1:].numel()
 
-    spec = TrainSpec(s["steps"], s["lr"], s["warmup_steps"], weight_decay=0.1, device=ctx.device)
     return TrainingJob(
         ctx,
         model,
         batches,
         loss_fn,
-        spec,
         "tokens",
         lambda r: _finish(ctx, model, tokenizer, len(text), len(ids), r),
     )
 
 
 def _finish(
-    ctx: BuildContext,
+    ctx: BuildContext[GptRecipe],
     model: GPT,
     tokenizer: Tokenizer,
     train_chars: int,

@@ -14,8 +14,9 @@ from torch import nn
 
 from ..data import load_multi30k
 from ..onnx_export import GraphSpec, auto_dims
+from ..profiles import TranslatorRecipe
 from ..tokenization import train_byte_level_bpe
-from ..training import TrainResult, TrainSpec, infinite
+from ..training import TrainResult, infinite
 from ..translator import EncoderDecoder, TranslatorConfig
 from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
@@ -83,26 +84,16 @@ def _pad(rows: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def prepare(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
-    raw = ctx.limit(load_multi30k(ctx.data_dir, "train"), "train_pairs")
-    tokenizer = train_byte_level_bpe([t for pair in raw for t in pair], s["vocab_size"], SPECIALS)
+def prepare(ctx: BuildContext[TranslatorRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
+    raw = load_multi30k(ctx.data_dir, "train")[: recipe.train_pairs]
+    tokenizer = train_byte_level_bpe([t for pair in raw for t in pair], recipe.model.vocab_size, SPECIALS)
     assert [tokenizer.token_to_id(t) for t in SPECIALS] == [PAD, BOS, EOS], "special token ids moved"
     src_ids = [[*e.ids, EOS] for e in tokenizer.encode_batch([en for en, _ in raw])]
     tgt_ids = [e.ids for e in tokenizer.encode_batch([de for _, de in raw])]
-    limit = s["max_len"] - 2
+    limit = recipe.model.max_len - 2
     pairs = [(a, b) for a, b in zip(src_ids, tgt_ids, strict=True) if len(a) <= limit and len(b) <= limit]
-    config = TranslatorConfig(
-        dropout=s["dropout"],
-        vocab_size=tokenizer.get_vocab_size(),
-        d_model=s["d_model"],
-        num_heads=s["num_heads"],
-        d_ff=s["d_ff"],
-        encoder_layers=s["encoder_layers"],
-        decoder_layers=s["decoder_layers"],
-        max_len=s["max_len"],
-        pad_id=PAD,
-    )
+    config = dataclasses.replace(recipe.model, vocab_size=tokenizer.get_vocab_size(), pad_id=PAD)
     model = EncoderDecoder(config)
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -110,41 +101,31 @@ def prepare(ctx: BuildContext) -> TrainingJob:
         real = tgt_out != PAD  # a third of a batch can be padding: skip its vocabulary projection
         states = m.decoder_states(src, (src != PAD).long(), tgt_in)  # (B, T, D)
         logits = m.generator(states[real])  # (N_real, V)
-        loss = F.cross_entropy(logits, tgt_out[real], label_smoothing=s["label_smoothing"])
+        loss = F.cross_entropy(logits, tgt_out[real], label_smoothing=recipe.label_smoothing)
         return loss, len(src), int((tgt_out != PAD).sum())
 
-    spec = TrainSpec(
-        s["steps"],
-        s["lr"],
-        s["warmup_steps"],
-        weight_decay=0.01,
-        device=ctx.device,
-    )
-
     def batches(seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        return infinite(lambda e: token_batches(pairs, s["batch_tokens"], seed + e))
+        return infinite(lambda e: token_batches(pairs, recipe.batch_tokens, seed + e))
 
     return TrainingJob(
         ctx,
         model,
         batches,
         loss_fn,
-        spec,
         "target_tokens",
         lambda r: _finish(ctx, model, config, tokenizer, len(pairs), r),
     )
 
 
 def _finish(
-    ctx: BuildContext,
+    ctx: BuildContext[TranslatorRecipe],
     model: EncoderDecoder,
     config: TranslatorConfig,
     tokenizer: Tokenizer,
     train_pairs: int,
     result: TrainResult,
 ) -> Trained:
-    s = ctx.settings
-    limit = s["max_len"] - 2
+    limit = config.max_len - 2
     n, h, dh = config.decoder_layers, config.num_heads, config.d_model // config.num_heads
     manifest = {
         "task": "translation",
@@ -170,8 +151,8 @@ def _finish(
     training = {
         "data": "multi30k/train.{en,de}.gz",
         "train_pairs": train_pairs,
-        "label_smoothing": s["label_smoothing"],
-        "batch_tokens": s["batch_tokens"],
+        "label_smoothing": ctx.recipe.label_smoothing,
+        "batch_tokens": ctx.recipe.batch_tokens,
     }
     return Trained(ctx.name, model, tokenizer, manifest, training, result)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -13,33 +12,25 @@ from torch import nn
 
 from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
 from ..onnx_export import GraphSpec, auto_dims
-from ..training import TrainResult, TrainSpec, infinite
-from ..vit import ViT, ViTConfig
+from ..profiles import VitRecipe
+from ..training import TrainResult, infinite
+from ..vit import ViT
 from .common import BuildContext, Trained, TrainingJob
 
 
-def prepare(ctx: BuildContext) -> TrainingJob:
-    s = ctx.settings
+def prepare(ctx: BuildContext[VitRecipe]) -> TrainingJob:
+    recipe = ctx.recipe
     images, labels = load_fashion_mnist(ctx.data_dir, "train")
-    if s["train_examples"]:
-        images, labels = images[: s["train_examples"]], labels[: s["train_examples"]]
+    images, labels = images[: recipe.train_examples], labels[: recipe.train_examples]
     scaled = images.astype(np.float32) / 255.0
     mean, std = float(scaled.mean()), float(scaled.std())
     pixels = torch.from_numpy((scaled - mean) / std).unsqueeze(1)  # (N, 1, 28, 28)
     targets = torch.from_numpy(labels.astype(np.int64))
-    config = ViTConfig(
-        dropout=s["dropout"],
-        image_size=28,
-        patch_size=s["patch_size"],
-        channels=1,
-        num_classes=len(FASHION_MNIST_CLASSES),
-        d_model=s["d_model"],
-        num_layers=s["num_layers"],
-        num_heads=s["num_heads"],
-        d_ff=s["d_ff"],
+    config = dataclasses.replace(
+        recipe.model, image_size=28, channels=1, num_classes=len(FASHION_MNIST_CLASSES)
     )
     model = ViT(config)
-    batch_size = s["batch_size"]
+    batch_size = recipe.batch_size
 
     def epoch(seed: int, e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed + e))
@@ -50,7 +41,7 @@ def prepare(ctx: BuildContext) -> TrainingJob:
                 torch.rand(len(idx), generator=torch.Generator().manual_seed(seed * 7919 + e * 1000 + i))
                 < 0.5
             )
-            if s["hflip"]:
+            if recipe.hflip:
                 x = torch.where(
                     flip[:, None, None, None], x.flip(-1), x
                 )  # clothes stay clothes when mirrored
@@ -58,15 +49,7 @@ def prepare(ctx: BuildContext) -> TrainingJob:
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
         x, y = batch
-        return F.cross_entropy(m(x), y, label_smoothing=s["label_smoothing"]), len(y), len(y)
-
-    spec = TrainSpec(
-        s["steps"],
-        s["lr"],
-        s["warmup_steps"],
-        weight_decay=0.05,
-        device=ctx.device,
-    )
+        return F.cross_entropy(m(x), y, label_smoothing=recipe.label_smoothing), len(y), len(y)
 
     def batches(seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return infinite(lambda e: epoch(seed, e))
@@ -76,15 +59,14 @@ def prepare(ctx: BuildContext) -> TrainingJob:
         model,
         batches,
         loss_fn,
-        spec,
         "images",
-        lambda r: _finish(ctx.name, s, model, mean, std, len(pixels), r),
+        lambda r: _finish(ctx.name, recipe, model, mean, std, len(pixels), r),
     )
 
 
 def _finish(
     name: str,
-    settings: dict[str, Any],
+    recipe: VitRecipe,
     model: ViT,
     mean: float,
     std: float,
@@ -112,8 +94,8 @@ def _finish(
     training = {
         "data": "fashion_mnist/train-*",
         "train_images": train_images,
-        "augmentation": "horizontal flip" if settings["hflip"] else None,
-        "label_smoothing": settings["label_smoothing"],
+        "augmentation": "horizontal flip" if recipe.hflip else None,
+        "label_smoothing": recipe.label_smoothing,
     }
     return Trained(name, model, None, manifest, training, result)
 
