@@ -28,7 +28,7 @@ from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
 from service.pipelines.text_inputs import pad_batch, truncate
 
-from . import scoring as metrics
+from . import scoring
 from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, load_sst2, load_tinyshakespeare
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ def evaluate_translator(
             hyps[i] = tok.decode(ids, skip_special_tokens=True)
     hypotheses = [hyps[i] for i in range(len(pairs))]
     return {
-        "bleu": metrics.corpus_bleu(hypotheses, [de for _, de in pairs]),
-        "chrf": metrics.corpus_chrf(hypotheses, [de for _, de in pairs]),
+        "bleu": scoring.corpus_bleu(hypotheses, [de for _, de in pairs]),
+        "chrf": scoring.corpus_chrf(hypotheses, [de for _, de in pairs]),
         "decoding": "greedy" if beam_size == 1 else f"beam {beam_size}, length penalty 1.0",
         "samples": [
             {"source": pairs[i][0], "reference": pairs[i][1], "hypothesis": hypotheses[i]} for i in range(3)
@@ -112,7 +112,7 @@ def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | Non
         start_logits, end_logits = model.graphs["model"].run(feeds)
         span = best_span(windows, list(start_logits), list(end_logits), qa.max_answer_length)
         predictions[ex.id] = ex.context[span.start : span.end] if span else ""
-    scores = metrics.squad_scores(predictions, examples)
+    scores = scoring.squad_scores(predictions, examples)
     return {**scores, "windows": windows_total}
 
 
@@ -132,7 +132,7 @@ def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int |
             tags, _ = word_predictions(logits[j, : len(rows[j])], word_ids, labels)
             n = len(sentences[i].tokens)
             predicted.append((tags + ["O"] * n)[:n])  # words cut by truncation count as O
-    scores = metrics.entity_f1([s.tags for s in sentences], predicted)
+    scores = scoring.entity_f1([s.tags for s in sentences], predicted)
     return {
         "entity_f1": scores["f1"],
         "entity_precision": scores["precision"],
@@ -180,7 +180,7 @@ def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | No
             break
     first_token_chars = enc.offsets[0][1] if enc.offsets else 0
     chars = len(text) - first_token_chars
-    return {"bits_per_char": metrics.bits_per_char(nll, chars), "tokens": len(ids), "characters": len(text)}
+    return {"bits_per_char": scoring.bits_per_char(nll, chars), "tokens": len(ids), "characters": len(text)}
 
 
 def evaluate_vit(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:

@@ -47,6 +47,7 @@ from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
 from service.api.request_id import ensure_request_id_header, request_id_middleware
+from service.api.schemas.errors import describe_status
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.context import RequestContextFilter
@@ -140,7 +141,7 @@ def _document_unauthorized(app: Litestar, keys: ApiKeys) -> None:
         for operation in (item.get, item.post):
             if operation is not None and operation.responses is not None:
                 operation.responses["401"] = OpenAPIResponse(
-                    description="No valid API key (`unauthorized`): Authorization: Bearer KEY or X-API-Key: KEY",
+                    description=describe_status(401),
                     content={
                         "application/json": OpenAPIMediaType(
                             schema=Reference("#/components/schemas/ErrorBody")
@@ -159,8 +160,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
             "settings": settings,
             "limits": RequestLimits.from_settings(settings),
             "metrics": metrics,
-            # Until the lifespan has loaded the models: nothing to serve, readiness says "starting".
-            "inference": InferenceService(ModelRegistry([], {})),
         }
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)

@@ -44,7 +44,9 @@ class Lifecycle:
         if self.draining:
             return
         self.draining = True
-        self._state.inference.drain()
+        inference = self._state.get("inference")  # absent while the models load: the lifespan drains it then
+        if inference is not None:
+            inference.drain()
         log.info(
             "draining: readiness is 503, new requests get 503; %d request(s) in flight get up to %.0fs",
             self.in_flight,

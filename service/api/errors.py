@@ -1,18 +1,8 @@
 """Domain errors -> HTTP responses, in ONE exception-handler table (``EXCEPTION_HANDLERS``).
 
-Status codes:
-
-- 400 ``malformed_json`` (body is not JSON) or ``bad_request`` (other unparseable requests)
-- 404 ``model_not_found`` (field ``model``): no loaded model by that name, or none for the task
-- 413 ``payload_too_large``: body over MAX_BODY_BYTES
-- 415 ``unsupported_media_type`` (field ``Content-Type``)
-- 422 ``validation_error``: a field out of its range, empty or whitespace-only or oversized text,
-  too many items, an undecodable image, a model that serves another task (field ``model``);
-  Litestar's own 400 for schema failures is turned into 422 here, with every field listed
-- 429 ``queue_full`` with ``Retry-After``: the model's queue is full
-- 503 ``queue_timeout`` / ``not_ready`` / ``unavailable`` with ``Retry-After``
-- 499 ``client_closed_request``: the client went away; nobody reads it, but logs and metrics do
-- 500 ``internal_error``: a bug, logged with its traceback; never caused by request content
+Every error kind and its status is listed once, in ``schemas.errors.ERROR_KINDS``.
+Litestar's own 400 for schema failures is turned into 422 here, with every field
+listed; a 500 is a bug, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from service.errors import (
 )
 
 from .request_id import request_id_of
-from .schemas.errors import ErrorBody, ErrorDetail, FieldError
+from .schemas.errors import ErrorBody, ErrorDetail, FieldError, describe_status
 
 log = logging.getLogger(__name__)
 
@@ -227,24 +217,13 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     Exception: on_unexpected,
 }
 
-_DESCRIPTIONS = {
-    400: "Malformed JSON (`malformed_json`) or an unreadable request (`bad_request`)",
-    404: "No loaded model by that name, or none for the task (`model_not_found`, field `model`)",
-    413: "Body over MAX_BODY_BYTES (`payload_too_large`)",
-    415: "Wrong Content-Type (`unsupported_media_type`)",
-    422: "A field is invalid: range, empty/whitespace/oversized text, too many items, undecodable image, "
-    "model serving another task (`validation_error`, with `field` and `errors`)",
-    429: "The model's queue is full (`queue_full`); retry after the `Retry-After` header's seconds",
-    503: "Not ready or draining (`not_ready`), the request timed out in the queue (`queue_timeout`), or "
-    "MAX_IN_FLIGHT_REQUESTS are being answered (`overloaded`); see `Retry-After`",
-    500: "A bug in the service (`internal_error`); never caused by request content",
-}
-
 
 def error_responses(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error statuses an endpoint can answer with, all in the ErrorBody shape."""
     return {
-        code: ResponseSpec(data_container=ErrorBody, description=_DESCRIPTIONS[code], generate_examples=False)
+        code: ResponseSpec(
+            data_container=ErrorBody, description=describe_status(code), generate_examples=False
+        )
         for code in codes
     }
 

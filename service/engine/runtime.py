@@ -112,6 +112,3 @@ class Graph:
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         return self.session.run(outputs, feeds)
-
-    def run_dict(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.session.run(None, feeds), strict=True))

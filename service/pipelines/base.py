@@ -14,8 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
+import numpy as np
+
 from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
+from service.engine.manifest import required
 from service.engine.repository import LoadedModel
+
+from .text_inputs import feeds_for, pad_batch
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
@@ -81,3 +86,21 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
             for task in tasks:  # on failure or cancellation: withdraw what is still queued
                 if not task.done():
                     task.cancel()
+
+
+class TextEncoderPipeline(BatchedPipeline[Item, Out]):
+    """A BERT head's pipeline: its tokenizer, window and [PAD], and right-padded batches through its one graph."""
+
+    def __init__(
+        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+    ) -> None:
+        super().__init__(model, policy, observer)
+        assert model.tokenizer is not None, "text model without a tokenizer"
+        self.tokenizer = model.tokenizer
+        self.max_len = required(model.manifest.max_sequence_length)
+        self.pad_id = model.manifest.token("pad")
+        self.graph = model.graphs["model"]
+
+    def run_padded(self, rows: list[list[int]], type_rows: list[list[int]] | None = None) -> list[np.ndarray]:
+        """The graph's outputs for ``rows`` of token ids (and segment ids), right-padded into one batch."""
+        return self.graph.run(feeds_for(self.graph, pad_batch(rows, self.pad_id, type_rows)))

@@ -15,10 +15,10 @@ from service.engine.repository import LoadedModel
 from service.engine.sampling import softmax
 from service.errors import InvalidInputError
 
-from .base import BatchedPipeline
+from .base import BatchedPipeline, TextEncoderPipeline
 from .image_inputs import ImageDecodeError, decode_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
-from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
+from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
 
 def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:
@@ -28,7 +28,7 @@ def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool
     return Classification(top[0].label, top[0].score, top, truncated)
 
 
-class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
+class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
     """Text -> label probabilities. Texts longer than the model's window are cut to it (``truncated``)."""
 
     task = "text-classification"
@@ -37,16 +37,10 @@ class TextClassifier(BatchedPipeline[list[int], np.ndarray]):
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
     ) -> None:
         super().__init__(model, policy, observer)
-        assert model.tokenizer is not None, "text model without a tokenizer"
-        self.tokenizer = model.tokenizer
         self.labels = required(model.manifest.labels)
-        self.max_len = required(model.manifest.max_sequence_length)
-        self.pad_id = model.manifest.token("pad")
-        self.graph = model.graphs["model"]
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
-        logits = self.graph.run(feeds_for(self.graph, pad_batch(items, self.pad_id)))[0]
-        return list(softmax(logits))
+        return list(softmax(self.run_padded(items)[0]))
 
     def encode(self, texts: Sequence[str]) -> list[EncodedText]:
         return [

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.engine.sampling import softmax
+
 
 @dataclass
 class Entity:
@@ -21,7 +23,7 @@ def word_predictions(
     logits: np.ndarray, word_ids: list[int | None], labels: list[str]
 ) -> tuple[list[str], list[float]]:
     """Each word takes the tag (and softmax probability) of its first sub-token, as in training."""
-    probs = _softmax(logits.astype(np.float64))
+    probs = softmax(logits)  # float64
     tags: dict[int, tuple[str, float]] = {}
     for token, word in enumerate(word_ids):
         if word is not None and word not in tags:
@@ -72,8 +74,3 @@ def word_char_spans(word_ids: list[int | None], offsets: list[tuple[int, int]]) 
         s, e = spans.get(word, (start, end))
         spans[word] = (min(s, start), max(e, end))
     return [spans[w] for w in range(max(spans) + 1)] if spans else []
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)

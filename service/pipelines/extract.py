@@ -21,29 +21,24 @@ from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
-from .base import BatchedPipeline
+from .base import TextEncoderPipeline
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
-from .text_inputs import encode_texts, feeds_for, pad_batch, preprocess
+from .text_inputs import encode_texts, preprocess
 
 
-class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
+class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
     task = "question-answering"
 
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
     ) -> None:
         super().__init__(model, policy, observer)
-        assert model.tokenizer is not None, "text model without a tokenizer"
-        self.tokenizer = model.tokenizer
         qa = required(model.manifest.qa)
         self.stride = qa.stride
         self.max_question_length = qa.max_question_length
         self.max_answer_length = qa.max_answer_length
-        self.max_len = required(model.manifest.max_sequence_length)
-        self.pad_id = model.manifest.token("pad")
-        self.graph = model.graphs["model"]
         # Windows per model call: a long context's windows never exceed the batch token budget at once.
         self.rows_per_call = max(1, policy.max_batch_tokens // self.max_len)
 
@@ -53,8 +48,8 @@ class QuestionAnswerer(BatchedPipeline[list[QAWindow], Span | None]):
         ends: list[np.ndarray] = []
         for i in range(0, len(windows), self.rows_per_call):
             chunk = windows[i : i + self.rows_per_call]
-            feeds = pad_batch([w.input_ids for w in chunk], self.pad_id, [w.token_type_ids for w in chunk])
-            start_logits, end_logits = self.graph.run(feeds_for(self.graph, feeds))[:2]
+            outputs = self.run_padded([w.input_ids for w in chunk], [w.token_type_ids for w in chunk])
+            start_logits, end_logits = outputs[:2]
             starts.extend(start_logits)
             ends.extend(end_logits)
         spans: list[Span | None] = []
@@ -107,22 +102,17 @@ class TaggedText:
     truncated: bool
 
 
-class EntityTagger(BatchedPipeline[list[int], np.ndarray]):
+class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
     task = "token-classification"
 
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
     ) -> None:
         super().__init__(model, policy, observer)
-        assert model.tokenizer is not None, "text model without a tokenizer"
-        self.tokenizer = model.tokenizer
         self.labels = required(model.manifest.labels)
-        self.max_len = required(model.manifest.max_sequence_length)
-        self.pad_id = model.manifest.token("pad")
-        self.graph = model.graphs["model"]
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
-        logits = self.graph.run(feeds_for(self.graph, pad_batch(items, self.pad_id)))[0]
+        logits = self.run_padded(items)[0]
         return [logits[j, : len(ids)] for j, ids in enumerate(items)]
 
     def encode(self, texts: Sequence[str]) -> list[TaggedText]:

@@ -3,7 +3,7 @@
 Contexts longer than the model's window are cut into overlapping windows
 (`stride` tokens of overlap, as BERT QA does); each window is
 [CLS] question [SEP] context-chunk [SEP]. The answer is the best-scoring span
-start <= end <= start + max_answer_len over all windows, mapped back to
+start <= end < start + max_answer_len (at most max_answer_len tokens) over all windows, mapped back to
 character offsets in the original context.
 """
 

@@ -1,7 +1,8 @@
 """What the pipelines return: plain dataclasses, so the core knows nothing of JSON or HTTP.
 
-The HTTP layer validates these into its response schemas (``from_attributes``);
-a response cache can serialise them with ``dataclasses.asdict``.
+Each response schema builds itself from one of these (``ClassificationOut.of``,
+...); the response cache stores them as JSON through a pydantic ``TypeAdapter``
+(``service.cache.response_cache``).
 """
 
 from __future__ import annotations

@@ -83,13 +83,5 @@ class GenerateController(Controller):
                 cache_control(request, data.cache),
             ),
         )
-        results = [
-            GenerationOut(
-                text=g.text,
-                finish_reason=g.finish_reason,
-                prompt_tokens=g.prompt_tokens,
-                completion_tokens=g.completion_tokens,
-            )
-            for g in outcome.results
-        ]
+        results = [GenerationOut.of(g) for g in outcome.results]
         return Response(GenerateResponse(**envelope(outcome), results=results))

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.engine.sampling import SamplingParams
+from service.pipelines.results import Generation
 
 from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body, json_schema_of
 from .errors import ErrorBody
@@ -85,6 +86,15 @@ class GenerationOut(BaseModel):
     finish_reason: str = Field(description="length | stop | eos")
     prompt_tokens: int
     completion_tokens: int
+
+    @classmethod
+    def of(cls, g: Generation) -> GenerationOut:
+        return cls(
+            text=g.text,
+            finish_reason=g.finish_reason,
+            prompt_tokens=g.prompt_tokens,
+            completion_tokens=g.completion_tokens,
+        )
 
 
 class GenerateResponse(InferenceResponse):
