@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from service.engine.kv_cache import CacheLayout
 from service.engine.manifest import required
@@ -84,11 +85,15 @@ def evaluate_translator(
     }
 
 
+def _encoder(model: LoadedModel) -> tuple[Tokenizer, int, int]:
+    """A BERT head's tokenizer, window length and [PAD] id."""
+    assert model.tokenizer is not None
+    return model.tokenizer, required(model.manifest.max_sequence_length), model.manifest.token("pad")
+
+
 def evaluate_classifier(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     rows = _limit(load_sst2(data_dir, split), limit)
-    tok = model.tokenizer
-    assert tok is not None
-    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
+    tok, max_len, pad = _encoder(model)
     encoded = [truncate(e.ids, max_len) for e in tok.encode_batch([t for t, _ in rows])]
     correct = 0
     for chunk in _batches(len(rows), 64):
@@ -99,10 +104,8 @@ def evaluate_classifier(model: LoadedModel, data_dir: Path, split: str, limit: i
 
 def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     examples = _limit(load_squad(data_dir, split), limit)
-    tok = model.tokenizer
-    assert tok is not None
+    tok, max_len, pad = _encoder(model)
     qa = required(model.manifest.qa)
-    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
     predictions: dict[str, str] = {}
     windows_total = 0
     for ex in examples:
@@ -118,10 +121,8 @@ def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | Non
 
 def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     sentences = _limit(load_conll(data_dir, split), limit)
-    tok = model.tokenizer
-    assert tok is not None
+    tok, max_len, pad = _encoder(model)
     labels = required(model.manifest.labels)
-    max_len, pad = required(model.manifest.max_sequence_length), model.manifest.token("pad")
     encodings = [tok.encode(s.tokens, is_pretokenized=True) for s in sentences]
     predicted: list[list[str]] = []
     for chunk in _batches(len(sentences), 64):

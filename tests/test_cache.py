@@ -156,6 +156,9 @@ def test_hits_misses_and_bypass_with_redis(tiny_models: Path, private_redis: Red
         assert [post(client, "/v1/generate", sampled)["cached"] for _ in range(2)] == [False, False]
         seeded = {**sampled, "seed": 7}
         assert [post(client, "/v1/generate", seeded)["cached"] for _ in range(2)] == [False, True]
+        # top_k 1 leaves one token to draw: deterministic by the sampler's own definition, so cached too.
+        one_token = {**sampled, "top_k": 1}
+        assert [post(client, "/v1/generate", one_token)["cached"] for _ in range(2)] == [False, True]
         # Streams are never answered from the cache, even for a cached greedy request.
         with client.stream("POST", "/v1/generate", json={**GREEDY, "stream": True}) as r:
             assert r.status_code == 200 and "event: done" in r.read().decode()

@@ -23,7 +23,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import nn
 
+from service.pipelines import text_inputs
 from service.pipelines.qa_spans import answer_token_span, qa_windows
+from service.pipelines.text_inputs import truncate
 
 from ..bert import (
     BertEncoder,
@@ -143,16 +145,9 @@ def set_dropout(model: nn.Module, p: float) -> None:
             module.p = p
 
 
-def truncate(ids: list[int], max_len: int) -> list[int]:
-    """Cut to max_len, keeping the final [SEP]."""
-    return ids if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
-
-
 def pad_batch(rows: list[list[int]], pad: int) -> torch.Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), pad, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+    """Right-padded (B, longest) rows as a long tensor: the service's own padding."""
+    return torch.from_numpy(text_inputs.pad_batch(rows, pad)["input_ids"])
 
 
 def length_bucketed(n: int, lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:

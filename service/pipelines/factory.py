@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from service.engine.batcher import BatchPolicy
+from service.engine.continuous_batching import GenerationEngine
 from service.engine.repository import LoadedModel
 from service.metrics import Metrics
 from service.settings import Settings
@@ -42,11 +43,12 @@ def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | No
     if task == "token-classification":
         return EntityTagger(model, policy, observer)
     if task == "text-generation":
-        return Generator(
+        engine = GenerationEngine(
             model,
             max_running=settings.max_running_sequences,
             max_queue_size=settings.max_queue_size,
             queue_timeout_s=settings.queue_timeout_s,
             observer=metrics.generation_observer(model.name) if metrics is not None else None,
         )
+        return Generator(model, engine)
     raise ValueError(f"no pipeline serves task {task!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from service.engine.continuous_batching import GenerationEngine
 from service.engine.errors import PromptError
-from service.engine.generation_contract import GenerationObserver, GenerationRequest
+from service.engine.generation_contract import GenerationRequest
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
@@ -38,25 +38,12 @@ class OpenStream:
 class Generator(ModelPipeline):
     task = "text-generation"
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        *,
-        max_running: int,
-        max_queue_size: int,
-        queue_timeout_s: float,
-        observer: GenerationObserver | None = None,
-    ) -> None:
+    def __init__(self, model: LoadedModel, engine: GenerationEngine) -> None:
+        """``engine`` runs ``model``: its queue and decoding loop are set up by the caller (``factory.py``)."""
         super().__init__(model)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
-        self.engine = GenerationEngine(
-            model,
-            max_running=max_running,
-            max_queue_size=max_queue_size,
-            queue_timeout_s=queue_timeout_s,
-            observer=observer,
-        )
+        self.engine = engine
 
     async def start(self) -> None:
         await self.engine.start()
