@@ -136,7 +136,7 @@ def test_batches_respect_size_and_token_budget_and_results_match() -> None:
         first = await busy(batcher, model)
         tasks = queue_items(batcher, items)
         await settle()
-        assert batcher.depth == len(items)
+        assert batcher.waiting == len(items)
         model.gate.set()
         results = await asyncio.gather(first, *tasks)
         expected = [FakeModel.answer(("first", 1))] + [FakeModel.answer(item) for item in items]
@@ -208,7 +208,7 @@ def test_full_queue_rejects_at_once_with_retry_after() -> None:
         first = await busy(batcher, model)
         tasks = queue_items(batcher, [(f"q{n}", 1) for n in range(3)])
         await settle()
-        assert batcher.depth == 3
+        assert batcher.waiting == 3
         with pytest.raises(QueueFullError) as info:
             # The model is still blocked: this can only return because submit does not wait.
             await asyncio.wait_for(batcher.submit(("overflow", 1), 1), timeout=5)
@@ -231,7 +231,7 @@ def test_entry_waiting_past_queue_timeout_fails() -> None:
         first = await busy(batcher, model)
         with pytest.raises(QueueTimeoutError):
             await batcher.submit(("late", 1), 1)  # model still blocked: it can only time out
-        assert observer.rejects == ["timeout"] and batcher.depth == 0
+        assert observer.rejects == ["timeout"] and batcher.waiting == 0
         model.gate.set()
         await first
         assert await batcher.submit(("after", 1), 1) == FakeModel.answer(("after", 1))
@@ -249,11 +249,11 @@ def test_cancelled_submit_never_reaches_the_model() -> None:
         first = await busy(batcher, model)
         gone, kept = queue_items(batcher, [("gone", 1), ("kept", 1)])
         await settle()
-        assert batcher.depth == 2
+        assert batcher.waiting == 2
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
-        assert observer.rejects == ["cancelled"] and batcher.depth == 1
+        assert observer.rejects == ["cancelled"] and batcher.waiting == 1
         model.gate.set()
         await first
         assert await kept == FakeModel.answer(("kept", 1))

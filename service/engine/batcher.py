@@ -163,7 +163,6 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         self.policy = policy
         self._run_batch = run_batch
         self._queue: deque[_Entry[In, Out]] = deque()
-        self._in_flight = 0
 
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) ------------------
 
@@ -171,15 +170,6 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     def waiting(self) -> int:
         """Entries waiting in the queue (not counting the batch being computed)."""
         return len(self._queue)
-
-    @property
-    def depth(self) -> int:
-        return self.waiting
-
-    @property
-    def in_flight(self) -> int:
-        """Entries taken into the batch now being computed."""
-        return self._in_flight
 
     async def submit(self, item: In, cost: int) -> Out:
         """Queue ``item`` (``cost`` = its token length) and wait for its result.
@@ -305,7 +295,6 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
 
     async def _execute(self, batch: list[_Entry[In, Out]]) -> None:
         started = time.monotonic()
-        self._in_flight = len(batch)
         self._observer.on_in_flight(len(batch))
         try:
             for sub in split_by_length(
@@ -320,7 +309,6 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             self._fail(batch, BatcherClosedError(self.name, "stopped before the batch finished"))
             raise
         finally:
-            self._in_flight = 0
             self._observer.on_in_flight(0)
         self._record(time.monotonic() - started)
 
