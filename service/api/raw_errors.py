@@ -1,9 +1,13 @@
-"""Error answers sent by a middleware, before any handler runs: the same JSON shape as api/errors.py."""
+"""Error answers sent by a middleware, before any handler runs: the same JSON shape as api/errors.py
+(OpenAI's on the OpenAI-compatible paths, see api/openai_errors.py)."""
 
 from __future__ import annotations
 
+import json
+
 from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Scope, Send
 
+from .openai_errors import is_openai_path, openai_error_body
 from .request_id import STATE_KEY
 from .schemas.errors import ErrorBody, ErrorDetail
 
@@ -18,8 +22,11 @@ async def send_error(
     headers: dict[str, str] | None = None,
 ) -> None:
     request_id = str((scope.get("state") or {}).get(STATE_KEY) or "") or None
-    detail = ErrorDetail(type=kind, message=message, field=field, request_id=request_id)
-    body = ErrorBody(error=detail).model_dump_json(exclude_none=True).encode()
+    if is_openai_path(scope["path"]):  # OpenAI's clients read OpenAI's error shape
+        body = json.dumps(openai_error_body(status, kind, message, field)).encode()
+    else:
+        detail = ErrorDetail(type=kind, message=message, field=field, request_id=request_id)
+        body = ErrorBody(error=detail).model_dump_json(exclude_none=True).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     start: HTTPResponseStartEvent = {"type": "http.response.start", "status": status, "headers": raw_headers}
