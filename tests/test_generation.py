@@ -186,6 +186,41 @@ def test_zero_length_past_prefill_then_one_step(gpt: LoadedModel) -> None:
     assert grown.width == len(prompt) + 1
 
 
+def test_prefill_all_positions_match_prefixes_alone(gpt: LoadedModel) -> None:
+    # Prompt log-probabilities read every position of a left-padded batched prefill: each must be the
+    # logits of that prefix run alone.
+    graph = DecoderGraph(gpt.graphs["model"], gpt.manifest)
+    short, long = encode(gpt, PROMPTS[0])[:3], encode(gpt, PROMPTS[4])
+    logits, _ = graph.prefill_all([short, long])  # (2, L, V), short left-padded
+    for row, prompt in enumerate((short, long)):
+        for t in range(1, len(prompt) + 1):
+            alone, _ = graph.prefill([prompt[:t]])
+            at = logits[row, len(logits[row]) - len(prompt) + t - 1]
+            check_close(at, alone[0], rtol=1e-4, atol=1e-4, name_a="batched position", name_b="prefix alone")
+
+
+def test_engine_reports_logprobs_and_prompt_logprobs(gpt: LoadedModel) -> None:
+    prompt = encode(gpt, PROMPTS[1])
+    # Without a penalty greedy picks the raw argmax, so the reported top-1 (raw logits) is the token.
+    params = replace(GREEDY, repetition_penalty=1.0, max_new_tokens=5, logprobs=2, prompt_logprobs=1)
+
+    async def scenario(engine: GenerationEngine) -> tuple[list[Any], Any]:
+        stream = engine.submit(GenerationRequest(prompt, params))
+        events = [e async for e in stream]
+        return events, await stream.result()
+
+    events, result = run_engine(gpt, scenario)
+    assert result.logprobs is not None and len(result.logprobs) == len(result.token_ids)
+    assert [e.logprob for e in events] == result.logprobs
+    for entry, token in zip(result.logprobs, result.token_ids, strict=True):
+        assert entry.token_id == token and entry.logprob is not None and entry.logprob <= 0
+        assert len(entry.top) == 2 and entry.top[0] == (token, pytest.approx(entry.logprob))  # greedy
+    assert result.prompt_logprobs is not None
+    assert [e.token_id for e in result.prompt_logprobs] == prompt
+    assert result.prompt_logprobs[0].logprob is None
+    assert all(e.logprob is not None and len(e.top) == 1 for e in result.prompt_logprobs[1:])
+
+
 def test_kv_cache_join_pads_left_and_leave_trims() -> None:
     heads, dim = 2, 3
 

@@ -1,4 +1,5 @@
-"""Token sampling: greedy, filters, seeds, repetition penalty, and the sampled distribution."""
+"""Token sampling: greedy, filters, seeds, repetition / presence / frequency penalties, the sampled
+distribution, and the reported log-probabilities."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from service.engine.sampling import SamplingParams, TokenSampler, logprobs, softmax
+from service.engine.sampling import (
+    SamplingParams,
+    TokenSampler,
+    apply_presence_frequency_penalties,
+    logprobs,
+    prompt_token_logprobs,
+    softmax,
+    token_logprob,
+)
 
 LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], dtype=np.float32)  # argmax = 3
 
@@ -110,3 +119,53 @@ def test_softmax_and_logprobs_are_stable() -> None:
 def test_masked_logits_are_never_drawn() -> None:
     logits = np.array([0.0, -np.inf, 0.0, -np.inf])
     assert set(draws(SamplingParams(seed=0), 500, logits)) == {0, 2}
+
+
+def test_presence_and_frequency_penalties_follow_openai() -> None:
+    # OpenAI: logit[j] -= presence * (count[j] > 0) + frequency * count[j], over generated tokens only.
+    scores = LOGITS.astype(np.float64).copy()
+    out = apply_presence_frequency_penalties(scores.copy(), [3, 3, 0], presence=0.5, frequency=0.25)
+    expected = scores.copy()
+    expected[3] -= 0.5 + 0.25 * 2
+    expected[0] -= 0.5 + 0.25 * 1
+    np.testing.assert_allclose(out, expected)
+    # Negative values encourage repetition; zeros leave the row as it is.
+    assert apply_presence_frequency_penalties(scores.copy(), [1], -1.0, 0.0)[1] == scores[1] + 1.0
+    np.testing.assert_array_equal(apply_presence_frequency_penalties(scores.copy(), [3], 0.0, 0.0), scores)
+
+
+def test_presence_penalty_moves_greedy_off_a_generated_token() -> None:
+    sampler = TokenSampler(SamplingParams(temperature=0, presence_penalty=2.0))
+    assert sampler.next_token(LOGITS, [3], generated_ids=[]) == 3  # a prompt token: not penalised
+    assert sampler.next_token(LOGITS, [3], generated_ids=[3]) == 0  # 3 - 2 < 2.0
+
+
+def test_zero_penalties_keep_seeded_draws_identical() -> None:
+    ids = [3, 0, 3, 1]
+    plain = TokenSampler(SamplingParams(seed=5))
+    zero = TokenSampler(SamplingParams(seed=5, presence_penalty=0.0, frequency_penalty=0.0))
+    assert [plain.next_token(LOGITS, ids) for _ in range(50)] == [
+        zero.next_token(LOGITS, ids, generated_ids=ids) for _ in range(50)
+    ]
+
+
+def test_token_logprob_is_the_raw_log_softmax_with_top_n() -> None:
+    entry = token_logprob(LOGITS, 0, top_n=3)
+    row = logprobs(LOGITS)
+    assert entry.token_id == 0 and entry.logprob == pytest.approx(row[0])
+    assert [i for i, _ in entry.top] == [3, 0, 1]  # the three best, most likely first
+    assert [v for _, v in entry.top] == pytest.approx([row[3], row[0], row[1]])
+    assert token_logprob(LOGITS, 4, top_n=0).top == ()
+    assert len(token_logprob(LOGITS, 4, top_n=100).top) == len(LOGITS)
+
+
+def test_prompt_token_logprobs_score_each_token_from_the_row_before() -> None:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(4, 6))  # (T, V)
+    prompt = [2, 5, 0, 1]
+    entries = prompt_token_logprobs(logits, prompt, top_n=2)
+    assert entries[0].token_id == 2 and entries[0].logprob is None and entries[0].top == ()
+    for t in range(1, 4):
+        assert entries[t].token_id == prompt[t]
+        assert entries[t].logprob == pytest.approx(logprobs(logits[t - 1])[prompt[t]])
+        assert len(entries[t].top) == 2

@@ -1,8 +1,9 @@
 """Running a KV-cached decoder graph: a batched prefill with an empty past, then one token per step.
 
 On CPU the cache goes in and out as numpy arrays; on CUDA it stays on the device
-between steps (IO binding) and only the last position's logits come back to the
-host.
+between steps (IO binding) and only the logits come back to the host. Every
+position's logits come back (a decoding step has one); the sampler reads the last,
+prompt log-probabilities (``prefill_all``) read the others at no extra cost.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .kv_cache import CacheLayout, KVCache, positions_from_mask, to_host
 from .manifest import Manifest, required
 from .runtime import Graph, ort
 
-# (input_ids (B, T), attention_mask (B, P + T), position_ids (B, T), past) -> (last logits (B, V), present)
+# (input_ids (B, T), attention_mask (B, P + T), position_ids (B, T), past) -> (logits (B, T, V), present)
 StepFn = Callable[[np.ndarray, np.ndarray, np.ndarray, list[Any]], tuple[np.ndarray, list[Any]]]
 
 
@@ -28,7 +29,7 @@ def host_step(graph: Graph, layout: CacheLayout) -> StepFn:
         feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         feeds.update(zip(layout.past_names, map(to_host, past), strict=True))
         logits, *present = graph.session.run(outputs, feeds)
-        return logits[:, -1, :], present  # (B, V), (B, H, P + T, Dh) each
+        return logits, present  # (B, T, V), (B, H, P + T, Dh) each
 
     return step
 
@@ -38,7 +39,7 @@ def cuda_step(graph: Graph, layout: CacheLayout) -> StepFn:
 
     A past that is a device OrtValue (the previous step's present, batch unchanged)
     is bound as is; a numpy past (after a join or a leave) is uploaded once. Only the
-    last position's logits need the host.
+    logits need the host.
     """
     options = graph.session.get_provider_options().get("CUDAExecutionProvider", {})
     device_id = int(options.get("device_id", 0))
@@ -60,7 +61,7 @@ def cuda_step(graph: Graph, layout: CacheLayout) -> StepFn:
             binding.bind_output(name, "cuda", device_id)
         graph.session.run_with_iobinding(binding)
         logits, *present = binding.get_outputs()  # in the order bound
-        return logits.numpy()[:, -1, :], present
+        return logits.numpy(), present  # (B, T, V) on the host, present on the device
 
     return step
 
@@ -75,6 +76,11 @@ class DecoderGraph:
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, KVCache]:
         """Left-padded prompts with an empty past -> logits of each prompt's last token (n, V) and its cache."""
+        logits, cache = self.prefill_all(prompts)  # (n, L, V)
+        return logits[:, -1, :], cache
+
+    def prefill_all(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, KVCache]:
+        """``prefill`` with every position's logits (n, L, V), left-padded: prompt i's are ``[i, L - len:]``."""
         lengths = np.array([len(p) for p in prompts], dtype=np.int64)  # (n,)
         width = int(lengths.max())
         ids = np.full((len(prompts), width), self.pad_id, dtype=np.int64)  # (n, L)
@@ -93,4 +99,4 @@ class DecoderGraph:
         logits, present = self._step(
             tokens.reshape(-1, 1).astype(np.int64), mask, positions_from_mask(mask, 1), cache.tensors
         )
-        return logits, KVCache(present, cache.lengths + 1, cache.width + 1)
+        return logits[:, -1, :], KVCache(present, cache.lengths + 1, cache.width + 1)

@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import EngineError
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenLogprob
+
+__all__ = [
+    "GenerationCancelledError",
+    "GenerationObserver",
+    "GenerationRequest",
+    "GenerationResult",
+    "NullGenerationObserver",
+    "TokenEvent",
+    "TokenLogprob",
+]
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,9 @@ class TokenEvent:
     index: int  # 0-based position in the completion
     token_id: int
     text: str  # what this token adds; all event texts joined == the result text
+    logprob: TokenLogprob | None = (
+        None  # with SamplingParams.logprobs: this token's and the top alternatives'
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,9 @@ class GenerationResult:
     completion_tokens: int
     time_to_first_token_s: float
     seconds: float
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, with SamplingParams.logprobs
+    # With SamplingParams.prompt_logprobs: one per prompt token, the first's logprob None (nothing predicts it).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class GenerationCancelledError(EngineError):

@@ -19,7 +19,7 @@ from .detokenizer import IncrementalDetokenizer
 from .generation_contract import GenerationRequest, GenerationResult, TokenEvent
 from .generation_stream import GenerationStream
 from .kv_cache import KVCache
-from .sampling import TokenSampler
+from .sampling import TokenLogprob, TokenSampler, prompt_token_logprobs, token_logprob
 
 
 class SequenceState:
@@ -39,6 +39,8 @@ class SequenceState:
         self.sampler = TokenSampler(request.sampling)
         self.ids = list(request.prompt_ids)  # prompt + generated: what the repetition penalty looks at
         self.generated: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # with sampling.logprobs: one per generated token
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked
         # The one clamp of max_new_tokens: prompt + generated tokens never exceed the position table.
         self.limit = min(request.sampling.max_new_tokens, max_context - len(request.prompt_ids))
         self.eos_id = eos_id
@@ -60,7 +62,11 @@ class SequenceState:
 
     def advance(self, logits: np.ndarray) -> TokenEvent:
         """Pick the next token from this row's logits (V,), extend the text, decide whether the sequence ends."""
-        token = self.sampler.next_token(logits, self.ids)
+        token = self.sampler.next_token(logits, self.ids, self.generated)
+        top_n = self.request.sampling.logprobs
+        logprob = token_logprob(logits, token, top_n) if top_n is not None else None
+        if logprob is not None:
+            self.logprobs.append(logprob)
         self.ids.append(token)
         self.generated.append(token)
         text = self.detokenizer.step(self.generated)
@@ -72,7 +78,7 @@ class SequenceState:
             self.finish_reason = "length"
         if self.finish_reason in ("eos", "length"):
             text += self.detokenizer.flush(self.generated)
-        return TokenEvent(len(self.generated) - 1, token, text)
+        return TokenEvent(len(self.generated) - 1, token, text, logprob)
 
     def result(self, now: float) -> GenerationResult:
         assert self.finish_reason is not None, "result of an unfinished sequence"
@@ -84,6 +90,8 @@ class SequenceState:
             completion_tokens=len(self.generated),
             time_to_first_token_s=self.first_token_at - self.submitted_at,
             seconds=now - self.submitted_at,
+            logprobs=list(self.logprobs) if self.request.sampling.logprobs is not None else None,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -99,9 +107,14 @@ class RunningBatch:
         self.cache: KVCache | None = None
 
     def prefill(self, newcomers: list[SequenceState]) -> tuple[list[TokenEvent], KVCache]:
-        """Run the newcomers' prompts together and pick each one's first token."""
-        logits, cache = self.graph.prefill([s.request.prompt_ids for s in newcomers])  # (n, V)
-        return [seq.advance(logits[row]) for row, seq in enumerate(newcomers)], cache
+        """Run the newcomers' prompts together and pick each one's first token (and, when asked, score
+        each prompt token from the same forward pass)."""
+        logits, cache = self.graph.prefill_all([s.request.prompt_ids for s in newcomers])  # (n, L, V)
+        for row, seq in enumerate(newcomers):
+            top_n, prompt = seq.request.sampling.prompt_logprobs, seq.request.prompt_ids
+            if top_n is not None:
+                seq.prompt_logprobs = prompt_token_logprobs(logits[row, -len(prompt) :], prompt, top_n)
+        return [seq.advance(logits[row, -1]) for row, seq in enumerate(newcomers)], cache
 
     def step(
         self, joining: list[tuple[list[SequenceState], KVCache]]

@@ -1,7 +1,13 @@
-"""Generation parameters and token selection: repetition penalty, greedy, temperature, top-k, top-p (numpy).
+"""Generation parameters and token selection: repetition, presence and frequency penalties, greedy,
+temperature, top-k, top-p (numpy); and the log-probabilities reported with each token.
 
 One ``TokenSampler`` per sequence, each with its own random generator, so a seeded
 sequence draws the same tokens whichever other sequences share its batch.
+
+Reported log-probabilities are vLLM's default ("raw"): the log-softmax of the
+model's own logits, before penalties, temperature and top-k/top-p. They describe
+the model, whatever the sampling settings, and a prompt token's value is
+comparable with a generated token's.
 """
 
 from __future__ import annotations
@@ -11,7 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SamplingParams", "TokenSampler", "logprobs", "softmax"]
+__all__ = [
+    "SamplingParams",
+    "TokenLogprob",
+    "TokenSampler",
+    "logprobs",
+    "prompt_token_logprobs",
+    "softmax",
+    "token_logprob",
+]
 
 
 @dataclass(frozen=True)
@@ -19,10 +33,15 @@ class SamplingParams:
     """How one sequence is generated (vLLM's ``SamplingParams``): how many tokens, where to stop, how to pick.
 
     ``temperature == 0`` (or ``greedy=True``) means argmax. ``top_k == 0`` and
-    ``top_p == 1`` switch those filters off; ``repetition_penalty == 1`` switches the
-    penalty off. ``seed`` makes sampling reproducible. ``max_new_tokens`` is also
-    bounded by the model's context (the engine ends the sequence there, finish
-    ``length``); the text is cut before the first of the ``stop`` strings.
+    ``top_p == 1`` switch those filters off; ``repetition_penalty == 1`` and
+    ``presence_penalty == frequency_penalty == 0`` switch the penalties off. ``seed``
+    makes sampling reproducible. ``max_new_tokens`` is also bounded by the model's
+    context (the engine ends the sequence there, finish ``length``); the text is cut
+    before the first of the ``stop`` strings.
+
+    ``logprobs`` (None = off) reports each generated token's log-probability and the
+    ``logprobs`` most likely alternatives; ``prompt_logprobs`` the same for every
+    prompt token after the first (one more forward pass over the prompt).
     """
 
     max_new_tokens: int = 16
@@ -33,6 +52,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     greedy: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         assert self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"
@@ -40,6 +63,10 @@ class SamplingParams:
         assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
         assert 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"
         assert self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+        assert self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}"
+        assert self.prompt_logprobs is None or self.prompt_logprobs >= 0, (
+            f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}"
+        )
 
     @property
     def is_greedy(self) -> bool:
@@ -79,6 +106,61 @@ def apply_repetition_penalty(scores: np.ndarray, previous_ids: Sequence[int], pe
     return scores
 
 
+def apply_presence_frequency_penalties(
+    scores: np.ndarray, generated_ids: Sequence[int], presence: float, frequency: float
+) -> np.ndarray:
+    """OpenAI's rule: subtract ``presence * (count > 0) + frequency * count`` from each generated token's logit.
+
+    Counts are over the generated tokens only (not the prompt), as OpenAI and vLLM count them.
+    Negative values encourage repetition. Modifies ``scores`` in place.
+    """
+    if (presence == 0.0 and frequency == 0.0) or len(generated_ids) == 0:
+        return scores
+    ids, counts = np.unique(np.asarray(generated_ids, dtype=np.int64), return_counts=True)
+    scores[ids] -= presence + frequency * counts
+    return scores
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log-probability under the model (raw logits), and the ``top`` most likely tokens at its step.
+
+    ``logprob`` is None only for a prompt's first token, which nothing before it predicts.
+    """
+
+    token_id: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+def _top(row_logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    if n <= 0:
+        return ()
+    n = min(n, row_logprobs.shape[0])
+    ids = np.argpartition(-row_logprobs, n - 1)[:n]
+    ids = ids[np.argsort(-row_logprobs[ids], kind="stable")]
+    return tuple((int(i), float(row_logprobs[i])) for i in ids)
+
+
+def token_logprob(logits: np.ndarray, token_id: int, top_n: int) -> TokenLogprob:
+    """``token_id``'s log-probability under this step's raw logits (V,), with the ``top_n`` best tokens."""
+    row = logprobs(logits)  # (V,)
+    return TokenLogprob(token_id, float(row[token_id]), _top(row, top_n))
+
+
+def prompt_token_logprobs(logits: np.ndarray, prompt_ids: Sequence[int], top_n: int) -> list[TokenLogprob]:
+    """Each prompt token's log-probability given the ones before it, from the prompt's logits (T, V).
+
+    The first token has no context to be predicted from: its ``logprob`` is None, as OpenAI reports it.
+    """
+    assert logits.shape[0] == len(prompt_ids), f"{logits.shape[0]} logit rows for {len(prompt_ids)} tokens"
+    rows = logprobs(logits[:-1])  # (T - 1, V): row t predicts token t + 1
+    out = [TokenLogprob(int(prompt_ids[0]), None)]
+    for t, token in enumerate(prompt_ids[1:]):
+        out.append(TokenLogprob(int(token), float(rows[t, token]), _top(rows[t], top_n)))
+    return out
+
+
 def top_p_cutoff(sorted_probs: np.ndarray, top_p: float) -> int:
     """How many of the descending ``sorted_probs`` form the smallest set with mass >= ``top_p`` (at least 1)."""
     if top_p >= 1.0:
@@ -95,13 +177,20 @@ class TokenSampler:
         # default_rng(None) draws fresh OS entropy: unseeded sequences never share a stream.
         self._rng = np.random.default_rng(params.seed)
 
-    def next_token(self, logits: np.ndarray, previous_ids: Sequence[int]) -> int:
-        """Next token id from this step's logits (V,) and the ids generated (and prompted) so far."""
+    def next_token(
+        self, logits: np.ndarray, previous_ids: Sequence[int], generated_ids: Sequence[int] = ()
+    ) -> int:
+        """Next token id from this step's logits (V,), the ids prompted and generated so far
+        (``previous_ids``, for the repetition penalty) and the generated ones alone (``generated_ids``,
+        for the presence and frequency penalties)."""
         p = self.params
         scores = np.array(logits, dtype=np.float64)  # copy: the caller's row stays untouched
         assert scores.ndim == 1, f"expected logits of shape (V,), got {scores.shape}"
         assert np.isfinite(np.max(scores)), "logits must contain a finite maximum"
         scores = apply_repetition_penalty(scores, previous_ids, p.repetition_penalty)
+        scores = apply_presence_frequency_penalties(
+            scores, generated_ids, p.presence_penalty, p.frequency_penalty
+        )
         if p.is_greedy:
             return int(np.argmax(scores))
         scores /= p.temperature

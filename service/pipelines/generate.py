@@ -83,7 +83,15 @@ class Generator(ModelPipeline):
                 stream.cancel()
             raise
         results = [
-            Generation(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens) for r in finished
+            Generation(
+                r.text,
+                r.finish_reason,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.logprobs,
+                r.prompt_logprobs,
+            )
+            for r in finished
         ]
         usage = Usage(
             input_tokens=sum(r.prompt_tokens for r in results),

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from service.engine.sampling import TokenLogprob
+
 R = TypeVar("R")
 
 
@@ -99,3 +101,5 @@ class Generation:
     finish_reason: str  # "length" | "stop" | "eos"
     prompt_tokens: int
     completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # per generated token, with SamplingParams.logprobs
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token, with prompt_logprobs
