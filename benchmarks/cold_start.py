@@ -70,7 +70,7 @@ def run(opts: Options) -> Result:
             server.start()
             times.append(server.ready_s)
             listing = server.get_json("/v1/models")
-            served = {m["name"] for m in listing.get("models", [])}
+            served = {m["name"] for m in listing.get("data", [])}
             missing = sorted({f.name for f in folders} - served)
             refused = [r.get("name") for r in listing.get("refused", [])]
             if missing or refused:

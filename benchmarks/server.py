@@ -38,7 +38,7 @@ def benchmark_server(
 def providers(server: ServiceProcess) -> str:
     """The execution providers the loaded models really run on (from /v1/models)."""
     try:
-        models = server.get_json("/v1/models")["models"]
+        models = server.get_json("/v1/models")["data"]
     except (OSError, ValueError, KeyError):
         return "unknown"
     return ", ".join(sorted({m.get("execution_provider", "?") for m in models}))

@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         try:
             status, body = http_get(f"{host}/v1/models", timeout=10)
-            run["models"] = json.loads(body).get("models", []) if status == 200 else []
+            run["models"] = json.loads(body).get("data", []) if status == 200 else []
         except (OSError, ValueError):
             run["models"] = []
         (out / "run.json").write_text(json.dumps(run, indent=2) + "\n")

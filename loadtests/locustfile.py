@@ -87,7 +87,7 @@ _fitted_prompts: list[str] | None = None
 def generation_context(host: str) -> int:
     """max_sequence_length of the default text-generation model (64, the smallest built, if unknown)."""
     try:
-        models = requests.get(f"{host.rstrip('/')}/v1/models", timeout=10).json()["models"]
+        models = requests.get(f"{host.rstrip('/')}/v1/models", timeout=10).json()["data"]
         for model in models:
             if "text-generation" in (model.get("default_for") or []):
                 return int(model["limits"]["max_sequence_length"])

@@ -550,7 +550,7 @@ def _process_alive(pid: int) -> bool:
 async def served_endpoints(client: HTTPClient, items: int) -> list[Endpoint]:
     """The endpoints of the mix whose task has a loaded model, with ``items`` inputs per request."""
     models = (await client.get("/v1/models")).json()
-    tasks = {m.get("task") for m in models.get("models", [])}
+    tasks = {m.get("task") for m in models.get("data", [])}
     return [replace(e, items=items) for e in ENDPOINTS if e.model_task in tasks]
 
 

@@ -46,6 +46,7 @@ from service.api.deps import provide_inference, provide_limits, provide_metrics,
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
+from service.api.openai_errors import is_openai_path
 from service.api.request_id import ensure_request_id_header, request_id_middleware
 from service.api.schemas.errors import describe_status
 from service.cache import build_backend
@@ -140,12 +141,11 @@ def _document_unauthorized(app: Litestar, keys: ApiKeys) -> None:
             continue
         for operation in (item.get, item.post):
             if operation is not None and operation.responses is not None:
+                body = "OpenAIErrorBody" if is_openai_path(path) else "ErrorBody"  # raw_errors.send_error
                 operation.responses["401"] = OpenAPIResponse(
                     description=describe_status(401),
                     content={
-                        "application/json": OpenAPIMediaType(
-                            schema=Reference("#/components/schemas/ErrorBody")
-                        )
+                        "application/json": OpenAPIMediaType(schema=Reference(f"#/components/schemas/{body}"))
                     },
                 )
 

@@ -101,7 +101,7 @@ def test_health_models_and_openapi(client: httpx.Client) -> None:
     assert ready.json()["status"] == "ready"
 
     listing = client.get("/v1/models").json()
-    models = {m["name"]: m for m in listing["models"]}
+    models = {m["name"]: m for m in listing["data"]}
     assert set(models) == {"translator", "bert-classifier", "bert-qa", "bert-tagger", "gpt", "vit"}
     assert listing["refused"] == []
     assert models["translator"]["default_for"] == ["translation"]

@@ -97,7 +97,7 @@ def test_service_serves_on_cuda(cuda_models: dict[str, LoadedModel], tiny_models
         httpx.Client(base_url=server.url, timeout=120) as client,
     ):
         models = client.get("/v1/models").json()
-        providers = {m["name"]: m["execution_provider"] for m in models["models"]}
+        providers = {m["name"]: m["execution_provider"] for m in models["data"]}
         assert set(providers.values()) == {CUDA}, providers
         generated = client.post(
             "/v1/generate", json={"prompt": "KING:", "max_new_tokens": 12, "temperature": 0}

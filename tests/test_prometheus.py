@@ -110,7 +110,7 @@ def test_traffic_moves_the_metrics(client: httpx.Client) -> None:
 
 def test_model_info_matches_the_models_endpoint(client: httpx.Client) -> None:
     samples = scrape(client)
-    for model in client.get("/v1/models").json()["models"]:
+    for model in client.get("/v1/models").json()["data"]:
         labels = {
             "model": model["name"],
             "version": model["version"],

@@ -64,7 +64,7 @@ def test_service_with_a_broken_folder_still_serves_the_others(model_repo: Path) 
     ):
         assert client.get("/health/ready").status_code == 200
         listing = client.get("/v1/models").json()
-        assert {m["name"] for m in listing["models"]} == {"translator", "bert-classifier", "bert-qa"}
+        assert {m["name"] for m in listing["data"]} == {"translator", "bert-classifier", "bert-qa"}
         assert {r["name"] for r in listing["refused"]} == {"vit", "bert-tagger", "gpt"}
         assert client.post("/v1/classify", json={"text": "a fine film"}).status_code == 200
         missing = client.post("/v1/generate", json={"prompt": "KING:"})

@@ -3,6 +3,7 @@
 from .classify import ClassifyController
 from .extract import ExtractController
 from .generate import GenerateController
+from .openai import CompletionsController
 from .system import HealthController, MetricsController, ModelsController
 from .translate import TranslateController
 
@@ -10,6 +11,7 @@ CONTROLLERS = [
     TranslateController,
     ClassifyController,
     GenerateController,
+    CompletionsController,
     ExtractController,
     ModelsController,
     HealthController,

@@ -13,6 +13,7 @@ from service.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 
 from ..limits import RequestLimits
+from ..openai_errors import OPENAI_EXCEPTION_HANDLERS
 from ..openapi import also_answers
 from ..schemas.system import (
     LiveResponse,
@@ -39,9 +40,27 @@ def model_limits(manifest: Manifest) -> dict[str, Any]:
     return limits
 
 
+def validation_figures(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
+    """The manifest's ``validation`` section (an extra the typed Manifest keeps: split -> figures), scalars
+    only: the translator's sample translations stay in the manifest."""
+    section = (manifest.model_extra or {}).get("validation")
+    if not isinstance(section, dict):
+        return None
+    return {
+        split: {
+            k: v for k, v in figures.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+        }
+        for split, figures in section.items()
+        if isinstance(figures, dict)
+    }
+
+
 def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
     m = pipeline.model
+    manifest_file = m.path / "manifest.json"
     return ModelOut(
+        id=m.name,
+        created=int(manifest_file.stat().st_mtime) if manifest_file.exists() else 0,
         name=m.name,
         task=m.task,
         version=m.version,
@@ -51,6 +70,7 @@ def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
         labels=m.manifest.labels or None,
         limits=model_limits(m.manifest),
         default_for=default_for,
+        validation=validation_figures(m.manifest),
     )
 
 
@@ -58,11 +78,19 @@ class ModelsController(Controller):
     path = "/v1/models"
     tags = ("models",)
 
-    @get(summary="Loaded models, refused folders and request limits")
+    exception_handlers = OPENAI_EXCEPTION_HANDLERS  # an OpenAI route: OpenAI's error shape
+
+    @get(summary="Loaded models (OpenAI's list), refused folders and request limits")
     async def models(self, inference: InferenceService, limits: RequestLimits) -> ModelsResponse:
+        """OpenAI's ``{"object": "list", "data": [{id, object, created, owned_by, ...}]}``; each model also
+        carries its task, version, execution provider, labels, limits and validation figures, and the
+        list the folders refused at start-up and this deployment's request limits. ``models`` is a
+        deprecated alias of ``data``, kept for one release."""
         registry = inference.registry
+        listed = [describe(p, registry.default_for(p.name)) for p in registry.pipelines.values()]
         return ModelsResponse(
-            models=[describe(p, registry.default_for(p.name)) for p in registry.pipelines.values()],
+            data=listed,
+            models=listed,
             refused=[RefusedOut(name=n, reason=r) for n, r in sorted(registry.refused.items())],
             limits=RequestLimitsOut(
                 max_items=limits.max_items,

@@ -1,14 +1,20 @@
-"""GET /v1/models, GET /health/live, GET /health/ready."""
+"""GET /v1/models (OpenAI's list shape, with this service's fields beside), GET /health/live, GET /health/ready."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 
 class ModelOut(BaseModel):
-    name: str
+    # OpenAI's model object: id, object, created, owned_by.
+    id: str = Field(description="The model's name: what `model` takes in a request")
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix seconds the model folder was written (its manifest's mtime)")
+    owned_by: str = "tserve"
+    # This service's own fields.
+    name: str = Field(description="Same as `id`")
     task: str
     version: str = Field(description="Content hash of the model's files")
     architecture: str | None
@@ -19,6 +25,11 @@ class ModelOut(BaseModel):
         description="The model's own limits (token windows, QA stride, image size)"
     )
     default_for: list[str] = Field(description="Tasks this model answers when a request names no model")
+    validation: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="The model's evaluation figures from its manifest, per data split (metrics, examples), "
+        "measured at export on the served artifacts",
+    )
 
 
 class RefusedOut(BaseModel):
@@ -38,7 +49,11 @@ class RequestLimitsOut(BaseModel):
 
 
 class ModelsResponse(BaseModel):
-    models: list[ModelOut]
+    object: Literal["list"] = "list"
+    data: list[ModelOut] = Field(description="Loaded models (OpenAI's list)")
+    models: list[ModelOut] = Field(
+        description="Deprecated alias of `data`, kept for one release (to be removed in 0.3)"
+    )
     refused: list[RefusedOut] = Field(description="Folders that did not load, or failed their warm-up")
     limits: RequestLimitsOut = Field(description="Request limits of this deployment")
 
