@@ -23,7 +23,7 @@ class ApiKeys:
         self._keys = [k.encode() for k in keys if k]
         self._open_prefixes = ["/schema"]
         if not protect_health:
-            self._open_prefixes.append("/health/")
+            self._open_prefixes += ["/health/", "/v2/health/"]
         if not protect_metrics:
             self._open_prefixes.append("/metrics")
 

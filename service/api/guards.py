@@ -28,6 +28,14 @@ async def require_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRo
     media = _media_type(connection)
     if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
         raise UnsupportedMediaTypeError(media, "application/json")
+    await read_json(connection, _)
+
+
+async def read_json(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """A body that decodes as JSON (or none at all), whatever its Content-Type says.
+
+    For Triton's generate extension, whose own examples send JSON with curl's default form type.
+    """
     if not isinstance(connection, Request):
         return
     try:

@@ -31,7 +31,7 @@ access_log = logging.getLogger("service.access")
 
 
 # Probes and scrapes are answered whatever the load: they are how operators see it.
-_ALWAYS_ANSWERED = ("/health/", "/metrics")
+_ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
 
 
 def observe_requests(

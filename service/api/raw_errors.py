@@ -1,5 +1,6 @@
 """Error answers sent by a middleware, before any handler runs: the same JSON shape as api/errors.py
-(OpenAI's on the OpenAI-compatible paths, see api/openai_errors.py)."""
+(OpenAI's on the OpenAI-compatible paths, see api/openai_errors.py; the Open Inference Protocol's on /v2,
+see api/v2_errors.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Scope,
 from .openai_errors import is_openai_path, openai_error_body
 from .request_id import STATE_KEY
 from .schemas.errors import ErrorBody, ErrorDetail
+from .v2_errors import is_v2_path, v2_error_body
 
 
 async def send_error(
@@ -24,6 +26,8 @@ async def send_error(
     request_id = str((scope.get("state") or {}).get(STATE_KEY) or "") or None
     if is_openai_path(scope["path"]):  # OpenAI's clients read OpenAI's error shape
         body = json.dumps(openai_error_body(status, kind, message, field)).encode()
+    elif is_v2_path(scope["path"]):  # Triton / KServe clients read {"error": "..."}
+        body = json.dumps(v2_error_body(message)).encode()
     else:
         detail = ErrorDetail(type=kind, message=message, field=field, request_id=request_id)
         body = ErrorBody(error=detail).model_dump_json(exclude_none=True).encode()

@@ -6,6 +6,7 @@ from .generate import GenerateController
 from .openai import CompletionsController
 from .system import HealthController, MetricsController, ModelsController
 from .translate import TranslateController
+from .v2 import OpenInferenceController
 
 CONTROLLERS = [
     TranslateController,
@@ -16,6 +17,7 @@ CONTROLLERS = [
     ModelsController,
     HealthController,
     MetricsController,
+    OpenInferenceController,
 ]
 
 __all__ = ["CONTROLLERS", "HealthController", "MetricsController"]
