@@ -8,11 +8,14 @@ same InferenceService. No mocks.
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -24,6 +27,7 @@ from PIL import Image
 from servers import LiveServer
 from tritonclient.utils import InferenceServerException
 
+from service.api.controllers.v2_tasks import NotOnV2Error, signature
 from service.app import create_app
 from service.settings import Settings
 
@@ -224,6 +228,19 @@ def test_translation(client: triton.InferenceServerClient, rest: httpx.Client, b
     assert result.as_numpy("score").tolist() == pytest.approx([r["score"] for r in expected], rel=1e-6)
 
 
+@pytest.mark.parametrize("stop", ["e", '["e", "\\n"]'])
+def test_generation_stop_strings(client: triton.InferenceServerClient, rest: httpx.Client, stop: str) -> None:
+    """``stop`` is one string, or a JSON array of them (request parameters are scalars)."""
+    params = {"temperature": 0, "max_tokens": 16, "stop": stop}
+    result = infer(client, "gpt", {"prompt": [b"ROMEO:"]}, True, params)
+    stops = json.loads(stop) if stop.startswith("[") else [stop]
+    expected = ok(
+        rest, "/v1/generate", {"prompt": "ROMEO:", "temperature": 0, "max_new_tokens": 16, "stop": stops}
+    )
+    assert texts(result, "text") == [expected["results"][0]["text"]]
+    assert texts(result, "finish_reason") == [expected["results"][0]["finish_reason"]]
+
+
 def test_requested_outputs_and_mixed_binary(client: triton.InferenceServerClient) -> None:
     outputs = [triton.InferRequestedOutput("start", binary_data=False), triton.InferRequestedOutput("answer")]
     tensors = [
@@ -235,6 +252,15 @@ def test_requested_outputs_and_mixed_binary(client: triton.InferenceServerClient
     assert [o["name"] for o in response["outputs"]] == ["start", "answer"]
     assert "data" in response["outputs"][0] and "binary_data_size" in response["outputs"][1]["parameters"]
     assert result.as_numpy("answer").shape == (1,)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client: triton.InferenceServerClient, algorithm: str) -> None:
+    """tritonclient's request_compression_algorithm: the body is inflated before it is read."""
+    tensor = bytes_input("text", [b"great", b"awful"], True)
+    plain = client.infer("bert-classifier", [tensor])
+    squeezed = client.infer("bert-classifier", [tensor], request_compression_algorithm=algorithm)
+    assert squeezed.as_numpy("score").tolist() == plain.as_numpy("score").tolist()
 
 
 def test_batch_shape_minus_one_by_one(client: triton.InferenceServerClient) -> None:
@@ -365,6 +391,12 @@ def test_malformed_binary_bodies_are_400(rest: httpx.Client) -> None:
         assert set(r.json()) == {"error"} and r.json()["error"]
     too_big = rest.post(url, content=b"{" + b" " * 2**20 + b"}")
     assert too_big.status_code == 413 and set(too_big.json()) == {"error"}
+    bomb = gzip.compress(b"{" + b" " * 2**21 + b"}")  # small on the wire, over MAX_BODY_BYTES inflated
+    r = rest.post(url, content=bomb, headers={"content-encoding": "gzip"})
+    assert r.status_code == 413 and set(r.json()) == {"error"}
+    for encoding, body in [("gzip", b"not gzip"), ("gzip", gzip.compress(header)[:-9]), ("br", header)]:
+        r = rest.post(url, content=body, headers={"content-encoding": encoding})
+        assert r.status_code == 400 and set(r.json()) == {"error"}, (encoding, r.text)
 
 
 def test_middleware_answers_in_the_v2_shape(tiny_models: Path, tmp_path: Path) -> None:
@@ -379,3 +411,43 @@ def test_middleware_answers_in_the_v2_shape(tiny_models: Path, tmp_path: Path) -
         assert c.get("/v2", headers={"Authorization": "Bearer k1"}).status_code == 200
         r = c.get("/v2/health/ready")  # no model loaded: not ready
         assert r.status_code == 503 and r.json() == {"ready": False}
+
+
+def test_full_queue_is_429_with_retry_after(tiny_models: Path) -> None:
+    """The engine's own backpressure, in the protocol's shape: a queue of one and a burst of translations."""
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models,
+        MAX_QUEUE_SIZE=1,
+        MAX_ITEMS=1,
+        MAX_BATCH_SIZE=1,
+        MAX_QUEUE_DELAY_MS=0,
+        CACHE_ENABLED=False,  # identical requests must all reach the queue
+    )
+    sentence = "A woman in a red dress sings on a stage in front of a large crowd of people."
+    body = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentence]}],
+        "parameters": {"beam_size": 4, "max_new_tokens": 60},
+    }
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+        full: list[httpx.Response] = []
+        for _burst in range(3):
+            with ThreadPoolExecutor(24) as pool:
+                responses = list(
+                    pool.map(lambda _: c.post("/v2/models/translator/infer", json=body), range(24))
+                )
+            assert {r.status_code for r in responses} <= {200, 429}
+            full = [r for r in responses if r.status_code == 429]
+            if full:
+                break
+        assert full, "no request was turned away by a queue of one"
+        for r in full:
+            assert int(r.headers["retry-after"]) >= 1
+            assert set(r.json()) == {"error"} and "queue" in r.json()["error"]
+
+
+def test_a_task_without_v2_tensors_is_a_404() -> None:
+    """A model of a task this door has no tensors for (a new task) is not there for v2 clients: 404, not 500."""
+    model = SimpleNamespace(manifest=SimpleNamespace(labels=None))
+    pipeline = SimpleNamespace(name="new-model", task="some-new-task", model=model)
+    with pytest.raises(NotOnV2Error, match="some-new-task"):
+        signature(pipeline)  # type: ignore[arg-type]

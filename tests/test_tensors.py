@@ -3,13 +3,16 @@ encoding both ways, and every malformed body answered as a 400 naming the input 
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
+import zlib
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
@@ -18,6 +21,7 @@ from service.api.tensors import (
     Output,
     decode_binary,
     decode_json,
+    decompress,
     encode_binary,
     encode_bytes_elements,
     encode_response,
@@ -202,3 +206,15 @@ def test_binary_sizes_must_add_up_to_the_body() -> None:
     assert "neither data nor" in bad(read_inputs, [spec("text", "BYTES", [1])], memoryview(b"")).message
     negative = spec("text", "BYTES", [1], -1)
     assert "non-negative integer" in bad(read_inputs, [negative], data).message
+
+
+def test_compressed_bodies_inflate_within_the_limit() -> None:
+    body = b'{"inputs": []}'
+    assert decompress(gzip.compress(body), "gzip", 100) == body
+    assert decompress(zlib.compress(body), "deflate", 100) == body  # tritonclient's deflate: zlib's format
+    assert decompress(body, None, 100) == body and decompress(body, "identity", 100) == body
+    with pytest.raises(RequestEntityTooLarge):
+        decompress(gzip.compress(b" " * 10_000), "gzip", 100)
+    assert "not supported" in bad(decompress, body, "br", 100).message
+    assert "not valid gzip" in bad(decompress, b"plain", "gzip", 100).message
+    assert "truncated" in bad(decompress, gzip.compress(body)[:-10], "gzip", 100).message

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from .errors import MalformedBodyError
 
@@ -146,6 +148,36 @@ def decode_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Te
 
 
 # --- the whole body -------------------------------------------------------------------------------
+
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """The body as sent before ``Content-Encoding`` (tritonclient's ``request_compression_algorithm``:
+    gzip, or deflate in zlib's format), at most ``limit`` bytes once inflated (else 413)."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise MalformedBodyError(
+            f"Content-Encoding {encoding!r} is not supported (gzip, deflate)", field="Content-Encoding"
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise MalformedBodyError(
+            f"the body is not valid {encoding}: {exc}", field="Content-Encoding"
+        ) from exc
+    if len(out) > limit:
+        raise RequestEntityTooLarge(
+            detail="request body is over the size limit (MAX_BODY_BYTES) once inflated"
+        )
+    if not inflater.eof:
+        raise MalformedBodyError(f"the body is truncated {encoding} data", field="Content-Encoding")
+    return out
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:

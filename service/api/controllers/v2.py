@@ -53,7 +53,7 @@ from ..schemas.v2 import (
     ServerMetadata,
     TensorMetadata,
 )
-from ..tensors import encode_response, read_inputs, split_body
+from ..tensors import decompress, encode_response, read_inputs, split_body
 from ..v2_errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from .v2_tasks import (
     COMMON_PARAMETERS,
@@ -71,6 +71,7 @@ SERVER_NAME = "transformer-serving"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "generate"]
 PLATFORM = "onnxruntime_onnx"
 HEADER_LENGTH = "Inference-Header-Content-Length"
+NO_TENSORS = "its task has no tensors on the v2 protocol"
 _GENERATE_TASKS = ("text-generation", "translation")
 
 MODEL = "/models/{model_name:str}"
@@ -229,6 +230,7 @@ class OpenInferenceController(Controller):
         self, inference: InferenceService, model_name: str, model_version: str | None = None
     ) -> Response[ModelReadyOut]:
         pipeline = resolve(inference, model_name, model_version)
+        signature(pipeline)  # a model without v2 tensors is not there for a v2 client
         ready = inference.phase == "ready"
         headers = {} if ready else {"Retry-After": "1"}
         return Response(
@@ -290,7 +292,10 @@ class OpenInferenceController(Controller):
         registry = inference.registry
         out = [
             RepositoryModel(name=n, version=p.model.version, state="READY")
+            if p.task in RUNNERS
+            else RepositoryModel(name=n, version=p.model.version, state="UNAVAILABLE", reason=NO_TENSORS)
             for n, p in registry.pipelines.items()
+            if p.task in RUNNERS or not ready_only
         ]
         if not ready_only:
             out += [
@@ -330,7 +335,8 @@ class OpenInferenceController(Controller):
         docs/OPEN_INFERENCE_PROTOCOL.md. Outputs are JSON unless ``binary_data_output`` or an output's
         ``binary_data`` asks for binary."""
         pipeline = resolve(inference, model_name, model_version)
-        header, binary = split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+        raw = decompress(await request.body(), request.headers.get("content-encoding"), limits.max_body_bytes)
+        header, binary = split_body(raw, request.headers.get(HEADER_LENGTH))
         body = _parse_infer(header)
         sig = signature(pipeline)
         inputs = bind_inputs(pipeline.name, sig, read_inputs(body.inputs, binary))

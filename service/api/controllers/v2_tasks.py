@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from service.cache.response_cache import CacheControl
 from service.engine.sampling import SamplingParams
-from service.errors import InvalidInputError
+from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
 from service.inference import InferenceService
 from service.pipelines.base import ModelPipeline
 from service.pipelines.results import Outcome
@@ -50,6 +50,15 @@ COMMON_PARAMETERS = {
     "priority": "accepted and ignored (one queue per model)",
     "timeout": "accepted and ignored (the queue has its own deadline)",
 }
+
+
+class NotOnV2Error(ModelNotFoundError):
+    """A loaded model whose task has no tensors here: to a v2 client it is not there (404)."""
+
+    def __init__(self, name: str, task: str) -> None:
+        ServiceError.__init__(
+            self, f"model {name!r} serves {task}, which has no tensors on the v2 protocol", field="model_name"
+        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +164,7 @@ def signature(pipeline: ModelPipeline) -> Signature:
             ),
             {name: desc for name, (_, desc) in TRANSLATION_PARAMETERS.items()},
         )
-    raise ValueError(f"no v2 tensors for task {task!r}")  # a new task must say its tensors here
+    raise NotOnV2Error(pipeline.name, task)  # a new task says its tensors here, and its runner in RUNNERS
 
 
 # --- parameters through the REST schemas ----------------------------------------------------------
