@@ -11,7 +11,6 @@ batchers, cache, limits, metrics. Errors are ``{"error": "..."}``
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -53,25 +52,27 @@ from ..schemas.v2 import (
     ServerMetadata,
     TensorMetadata,
 )
-from ..tensors import decompress, encode_response, read_inputs, split_body
-from ..v2_errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
+from ..tensors import Output, decompress, encode_response, read_inputs, split_body
+from ..v2_errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_error_responses, v2_stream_error
 from .v2_tasks import (
     COMMON_PARAMETERS,
     RUNNERS,
     Call,
+    Signature,
+    TensorSpec,
     bind_inputs,
     decoding_params,
     sampling_params,
     signature,
 )
 
-log = logging.getLogger(__name__)
-
 SERVER_NAME = "transformer-serving"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "generate"]
 PLATFORM = "onnxruntime_onnx"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NO_TENSORS = "its task has no tensors on the v2 protocol"
+_UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
+_INDEX_ERRORS = v2_error_responses(400, 413)
 _GENERATE_TASKS = ("text-generation", "translation")
 
 MODEL = "/models/{model_name:str}"
@@ -131,7 +132,7 @@ def model_metadata(pipeline: ModelPipeline) -> ModelMetadata:
     )
 
 
-def _config_tensor(spec: Any) -> dict[str, Any]:
+def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
     data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
     return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape)}
 
@@ -178,6 +179,43 @@ def _parse_infer(header: dict[str, Any]) -> InferRequest:
         ) from exc
 
 
+def _requested_outputs(
+    model: str, sig: Signature, body: InferRequest, binary_default: bool
+) -> dict[str, bool]:
+    """Output name -> whether it goes as binary data, for the outputs the request names (none: all)."""
+    declared = {spec.name for spec in sig.outputs}
+    wanted: dict[str, bool] = {}
+    for out in body.outputs or []:
+        if out.name not in declared:
+            raise InvalidInputError(
+                f"{model} has no output {out.name!r} (outputs: {', '.join(sorted(declared))})",
+                f"outputs.{out.name}",
+                "unknown_output",
+            )
+        wanted[out.name] = _flag(out.parameters or {}, "binary_data", binary_default)
+    return wanted
+
+
+def _infer_response(
+    outcome: Outcome[Any], request_id: str | None, outputs: list[tuple[Output, bool]]
+) -> Response[bytes]:
+    """The response body; the REST envelope's ``cached`` and ``usage`` go in its ``parameters``."""
+    header: dict[str, Any] = {"model_name": outcome.model, "model_version": outcome.model_version}
+    if request_id is not None:
+        header["id"] = request_id
+    header["parameters"] = {
+        "cached": outcome.cached,
+        "input_tokens": outcome.usage.input_tokens,
+        "output_tokens": outcome.usage.output_tokens,
+    }
+    content, header_length = encode_response(header, outputs)
+    if header_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
+    )
+
+
 class OpenInferenceController(Controller):
     path = "/v2"
     tags = ("open inference protocol v2",)
@@ -213,9 +251,7 @@ class OpenInferenceController(Controller):
 
     # --- models -------------------------------------------------------------------------------------
 
-    @get(
-        _paths(), summary="Model metadata: versions, platform, input and output tensors", responses=V2_ERRORS
-    )
+    @get(_paths(), summary="Model metadata: versions, platform, input and output tensors", responses=_UNKNOWN)
     async def model_metadata(
         self, inference: InferenceService, model_name: str, model_version: str | None = None
     ) -> ModelMetadata:
@@ -224,7 +260,7 @@ class OpenInferenceController(Controller):
     @get(
         _paths("/ready"),
         summary="The model is loaded and the service ready (200), else 503",
-        responses={**V2_ERRORS, 503: ResponseSpec(data_container=ModelReadyOut, description="Not ready")},
+        responses={**_UNKNOWN, 503: ResponseSpec(data_container=ModelReadyOut, description="Not ready")},
     )
     async def model_ready(
         self, inference: InferenceService, model_name: str, model_version: str | None = None
@@ -237,7 +273,7 @@ class OpenInferenceController(Controller):
             ModelReadyOut(name=pipeline.name, ready=ready), status_code=200 if ready else 503, headers=headers
         )
 
-    @get(_paths("/config"), summary="A Triton-style model configuration (read-only)", responses=V2_ERRORS)
+    @get(_paths("/config"), summary="A Triton-style model configuration (read-only)", responses=_UNKNOWN)
     async def model_config(
         self,
         inference: InferenceService,
@@ -273,7 +309,7 @@ class OpenInferenceController(Controller):
         status_code=200,
         summary="Every model folder: READY, or UNAVAILABLE with the reason it was refused",
         operation_class=_INDEX_BODY,
-        responses=V2_ERRORS,
+        responses=_INDEX_ERRORS,
     )
     async def repository_index(
         self, request: Request[Any, Any, Any], inference: InferenceService
@@ -343,16 +379,7 @@ class OpenInferenceController(Controller):
         parameters = dict(body.parameters or {})
         binary_default = _flag(parameters, "binary_data_output", False)
         use_cache = _flag(parameters, "cache", True)
-        declared = {spec.name for spec in sig.outputs}
-        wanted: dict[str, bool] = {}
-        for out in body.outputs or []:
-            if out.name not in declared:
-                raise InvalidInputError(
-                    f"{pipeline.name} has no output {out.name!r} (outputs: {', '.join(sorted(declared))})",
-                    f"outputs.{out.name}",
-                    "unknown_output",
-                )
-            wanted[out.name] = _flag(out.parameters or {}, "binary_data", binary_default)
+        wanted = _requested_outputs(pipeline.name, sig, body, binary_default)
         call = Call(
             inference, limits, settings, cache_control(request, use_cache), request_id_of(request) or ""
         )
@@ -364,23 +391,7 @@ class OpenInferenceController(Controller):
             if wanted
             else [(o, binary_default) for o in outputs]
         )
-        response_header: dict[str, Any] = {
-            "model_name": outcome.model,
-            "model_version": outcome.model_version,
-        }
-        if body.id is not None:
-            response_header["id"] = body.id
-        response_header["parameters"] = {
-            "cached": outcome.cached,
-            "input_tokens": outcome.usage.input_tokens,
-            "output_tokens": outcome.usage.output_tokens,
-        }
-        content, header_length = encode_response(response_header, selected)
-        if header_length is None:
-            return Response(content, media_type="application/json")
-        return Response(
-            content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
-        )
+        return _infer_response(outcome, body.id, selected)
 
     # --- Triton's generate extension ----------------------------------------------------------------
 
