@@ -20,14 +20,30 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/run_all.py` anywhere
 
-from benchmarks import batching, cold_start, continuous_batching, kv_cache, overhead, response_cache
+from benchmarks import (
+    batching,
+    cold_start,
+    continuous_batching,
+    kv_cache,
+    overhead,
+    protocols,
+    response_cache,
+)
 from benchmarks.cli import base_parser, options_from, timed_run
 from benchmarks.options import describe_options
 from benchmarks.repository import fail_without_repository
 from benchmarks.results import Result, append_results, machine_info, print_result
 from harness.json_file import write_json
 
-MODULES: list[ModuleType] = [kv_cache, batching, overhead, continuous_batching, response_cache, cold_start]
+MODULES: list[ModuleType] = [
+    kv_cache,
+    batching,
+    overhead,
+    continuous_batching,
+    response_cache,
+    cold_start,
+    protocols,
+]
 
 # The JSON keys every run writes, and the benchmark each comes from.
 HEADLINE = {
@@ -37,6 +53,8 @@ HEADLINE = {
     "continuous_batching_speedup_16": "continuous_batching",
     "cache_hit_speedup_generate": "response_cache",
     "cold_start_seconds": "cold_start",
+    "openai_over_native_generate": "protocols",
+    "oip_binary_over_native_classify": "protocols",
 }
 BUDGET_S = 15 * 60
 

@@ -55,12 +55,14 @@ class HTTPConnection:
             and not self._reader.at_eof()
         )
 
-    async def _send(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> None:
+    async def _send(
+        self, method: str, path: str, body: bytes, headers: dict[str, str] | None, content_type: str
+    ) -> None:
         if self._writer is None or self._writer.is_closing():
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
         if body or method == "POST":
-            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+            lines += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
         lines += [f"{k}: {v}" for k, v in {**self.headers, **(headers or {})}.items()]
         self._writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
@@ -103,20 +105,25 @@ class HTTPConnection:
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Response:
-        """Send ``payload`` as JSON; TimeoutError after ``timeout_s`` (default the connection's)."""
-        body = b"" if payload is None else json.dumps(payload).encode()
+        """Send ``payload`` as JSON (``bytes`` go as they are, application/octet-stream); TimeoutError after
+        ``timeout_s`` (default the connection's)."""
+        if isinstance(payload, bytes):
+            body, content_type = payload, "application/octet-stream"
+        else:
+            body = b"" if payload is None else json.dumps(payload).encode()
+            content_type = "application/json"
         try:
             return await asyncio.wait_for(
-                self._exchange(method, path, body, headers), timeout_s or self.timeout_s
+                self._exchange(method, path, body, headers, content_type), timeout_s or self.timeout_s
             )
         except BaseException:
             await self.close()
             raise
 
     async def _exchange(
-        self, method: str, path: str, body: bytes, headers: dict[str, str] | None
+        self, method: str, path: str, body: bytes, headers: dict[str, str] | None, content_type: str
     ) -> Response:
-        await self._send(method, path, body, headers)
+        await self._send(method, path, body, headers, content_type)
         status, got = await self._head()
         return Response(status, got, b"".join([chunk async for chunk in self._chunks(got)]))
 
@@ -125,7 +132,7 @@ class HTTPConnection:
     ) -> AsyncIterator[tuple[int, bytes]]:
         """POST and yield (status, body chunk) as they arrive."""
         try:
-            await self._send("POST", path, json.dumps(payload).encode(), headers)
+            await self._send("POST", path, json.dumps(payload).encode(), headers, "application/json")
             status, got = await self._head()
             async for chunk in self._chunks(got):
                 yield status, chunk

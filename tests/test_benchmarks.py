@@ -23,6 +23,7 @@ SCRIPTS = [
     "continuous_batching",
     "response_cache",
     "cold_start",
+    "protocols",
     "run_all",
 ]
 HEADLINE = [
@@ -32,6 +33,8 @@ HEADLINE = [
     "continuous_batching_speedup_16",
     "cache_hit_speedup_generate",
     "cold_start_seconds",
+    "openai_over_native_generate",
+    "oip_binary_over_native_classify",
 ]
 
 
