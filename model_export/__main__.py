@@ -112,7 +112,11 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
     contexts = []
     for name in _names(args.models):
         recipe = recipe_for(args.profile, name)
-        recipe = recipe.with_steps(max(1, round(steps.get(name, recipe.train.steps) * args.steps_scale)))
+        if recipe.train.steps == 0:  # trained no further (bert-embedder): there are no steps to set
+            if name in steps:
+                raise SystemExit(f"--steps: {name} is not trained (its encoder is used as it is)")
+        else:
+            recipe = recipe.with_steps(max(1, round(steps.get(name, recipe.train.steps) * args.steps_scale)))
         init_from = Path(args.init_from) if args.init_from else None
         contexts.append(
             BuildContext(name, data_dir, Path(args.out), args.profile, recipe, args.seed, init_from)

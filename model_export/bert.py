@@ -2,7 +2,8 @@
 
 Embeddings are token + learned position + segment (token type), summed and
 normalised. The same encoder carries a masked-LM head for pretraining and the
-fine-tuning heads: [CLS] classification, QA start/end span, per-token tags.
+fine-tuning heads: [CLS] classification, QA start/end span, per-token tags, and
+Sentence-BERT's mean pooling for sentence embeddings.
 Module names mirror the Hugging Face checkpoint's where the structure allows,
 so `hf_checkpoint` maps weights by name.
 """
@@ -149,6 +150,26 @@ class BertForTokenClassification(nn.Module):
     ) -> torch.Tensor:
         h = self.encoder(input_ids, attention_mask, token_type_ids)
         return self.classifier(self.drop(h))  # (B, S, num_labels)
+
+
+class BertForSentenceEmbedding(nn.Module):
+    """Sentence embeddings as Sentence-BERT makes them: the mean of the encoder's states over real tokens.
+
+    Returns the L2-normalised mean (what all-MiniLM-L6-v2 was trained to compare by
+    cosine) and the raw mean (for callers who normalise, or not, themselves).
+    """
+
+    def __init__(self, encoder: BertEncoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)  # (B, S, D)
+        real = attention_mask.unsqueeze(-1).to(h.dtype)  # (B, S, 1): padding counts for nothing
+        pooled = (h * real).sum(1) / real.sum(1).clamp(min=1e-9)  # (B, D)
+        return F.normalize(pooled, p=2.0, dim=-1), pooled  # each (B, D)
 
 
 def _init_bert_weights(module: nn.Module) -> None:

@@ -38,7 +38,7 @@ class ModelEstimate:
 def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool) -> list[ModelEstimate]:
     estimates = []
     for job in jobs:
-        seconds = job.seconds_per_step()
+        seconds = job.seconds_per_step() if job.spec.steps else 0.0  # nothing to train, nothing to time
         recipe = job.ctx.recipe
         reference = recipe.reference_step_s
         speed = reference / seconds if reference else None

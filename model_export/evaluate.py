@@ -30,7 +30,15 @@ from service.pipelines.qa_spans import best_span, qa_windows
 from service.pipelines.text_inputs import pad_batch, truncate
 
 from . import scoring
-from .data import load_conll, load_fashion_mnist, load_multi30k, load_squad, load_sst2, load_tinyshakespeare
+from .data import (
+    SST2_LABELS,
+    load_conll,
+    load_fashion_mnist,
+    load_multi30k,
+    load_squad,
+    load_sst2,
+    load_tinyshakespeare,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +47,14 @@ METRIC_KEYS = {
     "bert-classifier": ["accuracy"],
     "bert-qa": ["exact_match", "f1"],
     "bert-tagger": ["entity_f1"],
+    "bert-embedder": ["centroid_accuracy", "cosine_gap"],
     "gpt": ["bits_per_char"],
     "vit": ["accuracy"],
 }
+
+
+# SST-2 training sentences whose per-label mean embeddings the embedder's evaluation classifies by.
+CENTROID_EXAMPLES = 2000
 
 
 def _batches(n: int, size: int) -> list[range]:
@@ -141,6 +154,44 @@ def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int |
     }
 
 
+def embed(model: LoadedModel, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    """(N, D) L2-normalised sentence embeddings through the graph, batched by length as the service pads."""
+    tok, max_len, pad = _encoder(model)
+    spec = required(model.manifest.embedding)
+    rows = [truncate(e.ids, max_len) for e in tok.encode_batch(texts)]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    out = np.zeros((len(rows), spec.dimensions), dtype=np.float32)
+    for chunk in _batches(len(order), batch_size):
+        idx = [order[i] for i in chunk]
+        feeds = pad_batch([rows[i] for i in idx], pad)
+        out[idx] = model.graphs["model"].run(feeds, [spec.normalized_output])[0]
+    return out
+
+
+def evaluate_embedder(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
+    """Two label-aware figures on SST-2 sentiment, with nothing trained on top of the embeddings.
+
+    ``centroid_accuracy``: each sentence gets the label whose centroid (the mean embedding of that
+    label's sentences among the first ``CENTROID_EXAMPLES`` of the training split) is nearest by
+    cosine. ``cosine_gap``: the mean cosine of same-label pairs minus that of different-label pairs
+    among the evaluated sentences. Embeddings that know nothing of sentiment score about 0.5 and 0.
+    """
+    rows = _limit(load_sst2(data_dir, split), limit)
+    train_rows = load_sst2(data_dir, "train")[:CENTROID_EXAMPLES]
+    emb = embed(model, [t for t, _ in rows])
+    labels = np.array([y for _, y in rows])
+    train_emb = embed(model, [t for t, _ in train_rows])
+    train_labels = np.array([y for _, y in train_rows])
+    centroids = np.stack([train_emb[train_labels == k].mean(0) for k in range(len(SST2_LABELS))])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    accuracy = float(((emb @ centroids.T).argmax(1) == labels).mean())
+    cosine = emb @ emb.T
+    same = labels[:, None] == labels[None, :]
+    off_diagonal = ~np.eye(len(rows), dtype=bool)
+    gap = float(cosine[same & off_diagonal].mean() - cosine[~same].mean())
+    return {"centroid_accuracy": accuracy, "cosine_gap": gap, "centroid_examples": len(train_rows)}
+
+
 def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     """Bits per character: summed token NLL over the text / characters those tokens cover.
 
@@ -208,6 +259,7 @@ def evaluate_model(
         "token-classification": lambda: evaluate_tagger(model, data_dir, split, limit),
         "text-generation": lambda: evaluate_gpt(model, data_dir, split, limit),
         "image-classification": lambda: evaluate_vit(model, data_dir, split, limit),
+        "feature-extraction": lambda: evaluate_embedder(model, data_dir, split, limit),
     }
     start = time.perf_counter()
     result = evaluators[model.task]()
@@ -234,6 +286,7 @@ def _count_examples(task: str, data_dir: Path, split: str, limit: int | None) ->
         "token-classification": lambda: len(load_conll(data_dir, split)),
         "text-generation": lambda: len(load_tinyshakespeare(data_dir, split)),
         "image-classification": lambda: len(load_fashion_mnist(data_dir, split)[1]),
+        "feature-extraction": lambda: len(load_sst2(data_dir, split)),
     }
     total = counts[task]()
     return total if limit is None else min(total, limit)

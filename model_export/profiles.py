@@ -31,7 +31,7 @@ from .training import TrainSpec
 from .translator import TranslatorConfig
 from .vit import ViTConfig
 
-MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "gpt", "vit"]
+MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +79,21 @@ class BertHeadRecipe(Recipe):
     max_len: int
     train_examples: int | None
     batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertEmbedderRecipe(Recipe):
+    """Sentence embeddings: the shared encoder with mean pooling, trained no further (`train.steps` is 0).
+
+    With the checkpoint the encoder is all-MiniLM-L6-v2, already a sentence encoder; without it, the
+    masked-LM encoder of `pretraining` as it is (no sentence-level objective here).
+    """
+
+    pretraining: BertPretraining
+    max_len: int  # tokens per text, [CLS] and [SEP] included (sentence-transformers' max_seq_length)
+
+
+NO_TRAINING = TrainSpec(steps=0, lr=0.0, warmup_steps=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +193,12 @@ TINY: dict[str, Recipe] = {
         train=TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01),
         eval_limit=64,
     ),
+    "bert-embedder": BertEmbedderRecipe(
+        pretraining=_TINY_BERT,
+        max_len=64,
+        train=NO_TRAINING,
+        eval_limit=128,
+    ),
     "gpt": GptRecipe(
         model=GPTConfig(
             vocab_size=400, d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64, dropout=0.0
@@ -272,6 +293,12 @@ DEFAULT: dict[str, Recipe] = {
         train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
         reference_step_s=0.357,
         reference_other_s=38,
+    ),
+    "bert-embedder": BertEmbedderRecipe(
+        pretraining=_DEFAULT_BERT,
+        max_len=256,  # all-MiniLM-L6-v2's max_seq_length: it was trained on pieces up to 256 tokens
+        train=NO_TRAINING,
+        reference_other_s=30,
     ),
     "gpt": GptRecipe(
         # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss

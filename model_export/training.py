@@ -76,7 +76,7 @@ class TrainResult:
             "examples_seen": self.examples,
             f"{self.unit}_seen": self.units,
             f"{self.unit}_per_second": round(self.units / max(self.seconds, 1e-9), 1),
-            "final_loss": round(self.final_loss, 4),
+            "final_loss": round(self.final_loss, 4) if self.steps else None,  # no steps, no loss (not NaN)
         }
 
 
@@ -187,7 +187,7 @@ def train(
     model.cpu().eval()  # export and checkpoints work on CPU tensors
     tail = losses[-50:] or [float("nan")]
     result = TrainResult(step, spec.steps, seconds, examples, units, unit, float(np.mean(tail)), losses)
-    if curve_path is not None:
+    if curve_path is not None and losses:  # a model trained no further (the embedder) has no curve
         save_curve(losses, curve_path, desc)
     return result
 

@@ -24,6 +24,7 @@ from PIL import Image
 from servers import LiveServer
 from tokenizers import Tokenizer
 
+from model_export.profiles import MODEL_NAMES
 from service.settings import Settings
 
 LIMITS = {"MAX_TEXT_CHARS": 4096, "MAX_CONTEXT_CHARS": 20000, "MAX_ITEMS": 32, "MAX_NEW_TOKENS": 256}
@@ -102,7 +103,7 @@ def test_health_models_and_openapi(client: httpx.Client) -> None:
 
     listing = client.get("/v1/models").json()
     models = {m["name"]: m for m in listing["data"]}
-    assert set(models) == {"translator", "bert-classifier", "bert-qa", "bert-tagger", "gpt", "vit"}
+    assert set(models) == set(MODEL_NAMES)
     assert listing["refused"] == []
     assert models["translator"]["default_for"] == ["translation"]
     assert models["vit"]["labels"][0] == "T-shirt/top"

@@ -31,7 +31,7 @@ from service.api.controllers.v2_tasks import NotOnV2Error, signature
 from service.app import create_app
 from service.settings import Settings
 
-MODELS = {"translator", "bert-classifier", "bert-qa", "bert-tagger", "gpt", "vit"}
+MODELS = {"translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"}
 MAX_ITEMS = 8
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 

@@ -15,6 +15,7 @@ BUILDERS: dict[str, Builder] = {
     "bert-classifier": (bert.prepare_classifier, bert.graphs),
     "bert-qa": (bert.prepare_qa, bert.graphs),
     "bert-tagger": (bert.prepare_tagger, bert.graphs),
+    "bert-embedder": (bert.prepare_embedder, bert.graphs),
     "gpt": (gpt.prepare, gpt.graphs),
     "vit": (vit.prepare, vit.graphs),
 }

@@ -1,10 +1,12 @@
-"""bert-classifier, bert-qa, bert-tagger: one BERT encoder, three fine-tuned heads, three single-graph exports.
+"""bert-classifier, bert-qa, bert-tagger, bert-embedder: one BERT encoder, three fine-tuned heads and a
+sentence embedder, four single-graph exports.
 
 The encoder starts from a Hugging Face BERT checkpoint when one is given
 (`--init-from`, or the all-MiniLM-L6-v2 checkpoint the setup fetches), or
 else is pretrained here with masked-LM on the text at hand (SST-2, SQuAD and
 CoNLL training text), as the lecture describes. The encoder is prepared once
-per run and copied into each head.
+per run and copied into each head. The embedder trains nothing: all-MiniLM-L6-v2
+is already a sentence encoder, and the masked-LM fallback is used as it is.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from ..bert import (
     BertEncoder,
     BertForMaskedLM,
     BertForQuestionAnswering,
+    BertForSentenceEmbedding,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
 from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
 from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
 from ..onnx_export import GraphSpec, auto_dims
-from ..profiles import BertHeadRecipe, BertQaRecipe
+from ..profiles import BertEmbedderRecipe, BertHeadRecipe, BertQaRecipe
 from ..tokenization import train_wordpiece, wordpiece_from_vocab
 from ..training import TrainResult, infinite, save_curve, train
 from .common import BuildContext, LossFn, Trained, TrainingJob
@@ -388,14 +391,66 @@ def prepare_tagger(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
     return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
 
 
+def prepare_embedder(ctx: BuildContext[BertEmbedderRecipe]) -> TrainingJob:
+    """The shared encoder with mean pooling and L2 normalisation: a job of no steps (nothing is trained)."""
+    recipe = ctx.recipe
+    prepared = prepare_encoder(ctx)  # type: ignore[arg-type]  # it reads only recipe.pretraining
+    model = BertForSentenceEmbedding(copy.deepcopy(prepared.encoder)).eval()
+    config = prepared.encoder.config
+    checkpoint = prepared.origin.get("init_from") is not None
+
+    def finish(result: TrainResult) -> Trained:
+        if prepared.pretraining_losses:
+            save_curve(
+                prepared.pretraining_losses,
+                ctx.work_dir / "pretraining_curve.png",
+                "bert masked-LM pretraining",
+            )
+        origin = (
+            "the checkpoint's own sentence-embedding training"
+            if checkpoint
+            else (
+                "none at sentence level: the masked-LM encoder as it is (no checkpoint was available), "
+                "so its embeddings are far weaker than all-MiniLM-L6-v2's"
+            )
+        )
+        manifest = _head_manifest(
+            prepared,
+            "feature-extraction",
+            {
+                "description": "BERT sentence embedder: mean pooling over real tokens, L2-normalised; "
+                + ("the checkpoint's encoder" if checkpoint else "the masked-LM encoder (no checkpoint)"),
+                "max_sequence_length": min(recipe.max_len, config.max_position),
+                "embedding": {
+                    "dimensions": config.hidden_size,
+                    "pooling": "mean",
+                    "normalized_output": "sentence_embedding",
+                    "pooled_output": "mean_pooled",
+                },
+            },
+        )
+        training = {"data": None, "objective": origin}
+        return Trained(ctx.name, model, prepared.tokenizer, manifest, training, result)
+
+    def no_loss(m: nn.Module, batch: Any) -> tuple[torch.Tensor, int, int]:
+        raise AssertionError("bert-embedder has no training steps")
+
+    return TrainingJob(ctx, model, lambda seed: iter(()), no_loss, "tokens", finish)
+
+
 def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
     """One graph (input_ids, attention_mask, token_type_ids) -> the head's outputs, axes named per task."""
     assert trained.tokenizer is not None
     task = trained.manifest["task"]
     labels = len(trained.manifest.get("labels", []))
+    dimensions = trained.manifest.get("embedding", {}).get("dimensions", 0)
     outputs: dict[str, list[str | int]] = {
         "text-classification": {"logits": ["batch", labels]},
         "question-answering": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
         "token-classification": {"logits": ["batch", "sequence", labels]},
+        "feature-extraction": {
+            "sentence_embedding": ["batch", dimensions],  # L2-normalised
+            "mean_pooled": ["batch", dimensions],  # the same before normalisation
+        },
     }[task]
     return {"model": bert_graph(trained.model, outputs, trained.tokenizer.get_vocab_size(), seed)}

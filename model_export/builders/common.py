@@ -199,7 +199,7 @@ def export_model(ctx: BuildContext[Any], trained: Trained, graphs: dict[str, Gra
             "seed": ctx.seed,
             **trained.training,
             **trained.result.summary(),
-            "curve": "training_curve.png",
+            "curve": "training_curve.png" if (build_dir / "training_curve.png").is_file() else None,
         },
         "export": {
             "exporter": "torch.onnx.export(dynamo=True)",

@@ -27,6 +27,7 @@ Task = Literal[
     "token-classification",
     "text-generation",
     "image-classification",
+    "feature-extraction",
 ]
 
 # task -> graphs the folder must hold
@@ -37,6 +38,7 @@ TASK_GRAPHS: dict[str, tuple[str, ...]] = {
     "token-classification": ("model",),
     "text-generation": ("model",),
     "image-classification": ("model",),
+    "feature-extraction": ("model",),
 }
 TEXT_TASKS = frozenset(TASK_GRAPHS) - {"image-classification"}
 # task -> manifest sections it cannot run without
@@ -53,6 +55,7 @@ TASK_SECTIONS: dict[str, tuple[str, ...]] = {
     "token-classification": ("max_sequence_length", "labels"),
     "text-generation": ("max_sequence_length", "kv_cache"),
     "image-classification": ("labels", "preprocessing"),
+    "feature-extraction": ("max_sequence_length", "embedding"),
 }
 
 S = TypeVar("S")
@@ -146,6 +149,15 @@ class Preprocessing(_Section):
     note: str | None = None
 
 
+class EmbeddingSpec(_Section):
+    """A sentence embedder's graph outputs: one vector per text, L2-normalised and before normalisation."""
+
+    dimensions: int
+    pooling: Literal["mean"] = "mean"  # over real tokens (attention mask), as Sentence-BERT
+    normalized_output: str = "sentence_embedding"
+    pooled_output: str = "mean_pooled"
+
+
 class Manifest(BaseModel):
     """One model folder's manifest.json."""
 
@@ -170,6 +182,7 @@ class Manifest(BaseModel):
     cross_attention: CrossAttentionSpec | None = None
     qa: QASpec | None = None
     preprocessing: Preprocessing | None = None
+    embedding: EmbeddingSpec | None = None
 
     @model_validator(mode="after")
     def _task_sections(self) -> Manifest:

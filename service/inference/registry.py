@@ -20,6 +20,7 @@ PREFERRED_DEFAULTS = {
     "text-generation": "gpt",
     "question-answering": "bert-qa",
     "token-classification": "bert-tagger",
+    "feature-extraction": "bert-embedder",
 }
 
 

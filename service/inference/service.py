@@ -24,9 +24,18 @@ from service.engine.sampling import SamplingParams
 from service.errors import NotReadyError
 from service.pipelines.base import ModelPipeline
 from service.pipelines.classify import ImageClassifier, TextClassifier
+from service.pipelines.embed import SentenceEmbedder
 from service.pipelines.extract import EntityTagger, QuestionAnswerer
 from service.pipelines.generate import Generator, OpenStream
-from service.pipelines.results import Answer, Classification, Entities, Generation, Outcome, Translation
+from service.pipelines.results import (
+    Answer,
+    Classification,
+    Embedding,
+    Entities,
+    Generation,
+    Outcome,
+    Translation,
+)
 from service.pipelines.translate import DecodingParams, Translator
 
 from .registry import ModelRegistry
@@ -180,6 +189,24 @@ class InferenceService:
             result_type=Entities,
             control=cache,
             compute=lambda: pipeline.tag(texts),
+        )
+
+    async def embed(
+        self,
+        texts: Sequence[str],
+        normalize: bool,
+        model: str | None,
+        input_field: str,
+        cache: CacheControl = USE_CACHE,
+    ) -> Outcome[Embedding]:
+        self.check_ready()
+        pipeline = self.registry.resolve(SentenceEmbedder, model, input_field)
+        return await self.cache.get_or_compute(
+            pipeline,
+            request={"texts": list(texts), "normalize": normalize},
+            result_type=Embedding,
+            control=cache,
+            compute=lambda: pipeline.embed(texts, normalize),
         )
 
     async def generate(

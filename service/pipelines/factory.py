@@ -10,6 +10,7 @@ from service.settings import Settings
 
 from .base import ModelPipeline
 from .classify import ImageClassifier, TextClassifier
+from .embed import SentenceEmbedder
 from .extract import EntityTagger, QuestionAnswerer
 from .generate import Generator
 from .translate import Translator
@@ -42,6 +43,8 @@ def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | No
         return QuestionAnswerer(model, policy, observer)
     if task == "token-classification":
         return EntityTagger(model, policy, observer)
+    if task == "feature-extraction":
+        return SentenceEmbedder(model, policy, observer)
     if task == "text-generation":
         engine = GenerationEngine(
             model,

@@ -96,6 +96,12 @@ class Entities:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    vector: list[float]  # the sentence embedding: unit length unless the request asked normalize: false
+    truncated: bool = False  # the text was cut to the model's window
+
+
+@dataclass(frozen=True)
 class Generation:
     text: str
     finish_reason: str  # "length" | "stop" | "eos"

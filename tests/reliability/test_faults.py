@@ -154,7 +154,13 @@ def test_corrupted_folders_are_reported_and_the_rest_serve(model_repo: Path, tmp
         refused = ready.json()["refused"]
         assert set(refused) == {"vit", "translator"}
         assert "sha256" in refused["vit"] and "decoder.onnx" in refused["translator"]
-        assert set(ready.json()["models"]) == {"bert-classifier", "bert-qa", "bert-tagger", "gpt"}
+        assert set(ready.json()["models"]) == {
+            "bert-classifier",
+            "bert-qa",
+            "bert-tagger",
+            "bert-embedder",
+            "gpt",
+        }
         assert httpx.post(f"{service.url}/v1/classify", json={"text": "fine"}).status_code == 200
         missing = httpx.post(f"{service.url}/v1/translate", json={"text": "A dog."})
         assert missing.status_code == 404 and missing.json()["error"]["field"] == "model"

@@ -1,6 +1,7 @@
 """Litestar controllers, one per resource; they only translate between JSON and the inference layer."""
 
 from .classify import ClassifyController
+from .embed import EmbedController
 from .extract import ExtractController
 from .generate import GenerateController
 from .openai import CompletionsController
@@ -13,6 +14,7 @@ CONTROLLERS = [
     ClassifyController,
     GenerateController,
     CompletionsController,
+    EmbedController,
     ExtractController,
     ModelsController,
     HealthController,

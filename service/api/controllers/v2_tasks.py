@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from service.cache.response_cache import CacheControl
+from service.engine.manifest import required
 from service.engine.sampling import SamplingParams
 from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
 from service.inference import InferenceService
@@ -35,6 +36,7 @@ from service.settings import Settings
 
 from ..limits import RequestLimits
 from ..schemas.classify import ClassifyRequest
+from ..schemas.embed import EmbedRequest
 from ..schemas.extract import ExtractRequest
 from ..schemas.generate import GenerateRequest
 from ..schemas.translate import TranslateRequest
@@ -164,6 +166,17 @@ def signature(pipeline: ModelPipeline) -> Signature:
             ),
             {name: desc for name, (_, desc) in TRANSLATION_PARAMETERS.items()},
         )
+    if task == "feature-extraction":
+        dimensions = required(pipeline.model.manifest.embedding).dimensions
+        return Signature(
+            (_item("text", "BYTES", "UTF-8 text"),),
+            (
+                TensorSpec(
+                    "embedding", "FP32", (-1, dimensions), "the sentence embedding (unit length by default)"
+                ),
+            ),
+            {name: desc for name, (_, desc) in EMBEDDING_PARAMETERS.items()},
+        )
     raise NotOnV2Error(pipeline.name, task)  # a new task says its tensors here, and its runner in RUNNERS
 
 
@@ -185,6 +198,10 @@ TRANSLATION_PARAMETERS: dict[str, tuple[str, str]] = {
     "max_new_tokens": ("max_new_tokens", "int: at most MAX_NEW_TOKENS; default from the source length"),
     "max_tokens": ("max_new_tokens", "int: the same as max_new_tokens"),
     "length_penalty": ("length_penalty", "float 0..5: beam score = log-prob / length ** length_penalty"),
+}
+
+EMBEDDING_PARAMETERS: dict[str, tuple[str, str]] = {
+    "normalize": ("normalize", "bool: false gives the mean-pooled vector, not normalised (default true)"),
 }
 
 
@@ -482,6 +499,20 @@ async def _translate(
     ]
 
 
+async def _embed(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {k: v[1] for k, v in EMBEDDING_PARAMETERS.items()})
+    texts = texts_of(inputs["text"])
+    fields, rename = _rest_fields(parameters, EMBEDDING_PARAMETERS)
+    body = validated(EmbedRequest, {"texts": texts, **fields}, {"texts": "text", **rename})
+    call.limits.items("text", len(texts))
+    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
+    outcome = await call.inference.embed(texts, body.normalize, pipeline.name, "text", call.cache)
+    vectors = np.array([e.vector for e in outcome.results], dtype=np.float32)
+    return outcome, [Output("embedding", "FP32", vectors.shape, vectors)]
+
+
 RUNNERS: dict[str, Runner] = {
     "text-classification": _classify_texts,
     "image-classification": _classify_images,
@@ -489,4 +520,5 @@ RUNNERS: dict[str, Runner] = {
     "token-classification": _entities,
     "text-generation": _generate,
     "translation": _translate,
+    "feature-extraction": _embed,
 }
