@@ -1,5 +1,5 @@
-"""Sentence embeddings (bert-embedder): the exported model against an independent reference, and the
-service's POST /v1/embed and Open Inference Protocol v2 tensors on loopback.
+"""Sentence embeddings (bert-embedder): the exported model against an independent reference, the service's
+POST /v1/embed and OpenAI's POST /v1/embeddings (driven by the official ``openai`` client) on loopback.
 
 The reference is computed straight from the checkpoint's files with plain torch: its own
 ``tokenizer.json`` (not this project's WordPiece set-up), its safetensors tensors by their Hugging Face
@@ -10,6 +10,7 @@ through the service's own pipeline.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import torch
 import torch.nn.functional as F
@@ -192,6 +194,11 @@ def http(api: LiveServer) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def client(api: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api.url}/v1", api_key="anything", max_retries=0)
+
+
 def post_embed(http: httpx.Client, **body: Any) -> dict[str, Any]:
     response = http.post("/v1/embed", json={"cache": False, **body})
     assert response.status_code == 200, response.text
@@ -284,3 +291,51 @@ def test_open_inference_v2_equals_embed(api: LiveServer, http: httpx.Client, bin
             client.infer("bert-embedder", [text], parameters={"normalize": "sometimes"})
     finally:
         client.close()
+
+
+def test_openai_client_float_and_base64_equal_embed(client: openai.OpenAI, http: httpx.Client) -> None:
+    texts = SENTENCES[:3]
+    ours = post_embed(http, texts=texts)
+    expected = np.array([r["embedding"] for r in ours["results"]], dtype=np.float32)
+    floats = client.embeddings.create(model="bert-embedder", input=texts, encoding_format="float")
+    default = client.embeddings.create(model="bert-embedder", input=texts)  # base64, decoded by the client
+    b64 = client.embeddings.create(model="bert-embedder", input=texts, encoding_format="base64")
+    assert floats.object == "list" and floats.model == "bert-embedder"
+    assert [d.index for d in floats.data] == [0, 1, 2] and all(d.object == "embedding" for d in floats.data)
+    raw = [np.frombuffer(base64.b64decode(str(d.embedding)), dtype="<f4") for d in b64.data]
+    for name, got in (
+        ("float", [d.embedding for d in floats.data]),
+        ("client default", [d.embedding for d in default.data]),
+        ("base64", raw),
+    ):
+        assert np.array_equal(np.array(got, dtype=np.float32), expected), name  # the same float32 values
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens == ours["usage"]["input_tokens"]
+    single = client.embeddings.create(model="bert-embedder", input=texts[0], encoding_format="float")
+    assert np.array_equal(np.array(single.data[0].embedding, dtype=np.float32), expected[0])
+
+
+def test_openai_errors_are_openai_shaped(client: openai.OpenAI, http: httpx.Client) -> None:
+    dims = len(client.embeddings.create(model="bert-embedder", input="x").data[0].embedding)
+    assert client.embeddings.create(model="bert-embedder", input="x", dimensions=dims).data  # its own size
+    with pytest.raises(openai.BadRequestError) as shortened:
+        client.embeddings.create(model="bert-embedder", input="x", dimensions=dims // 2)
+    assert shortened.value.body["param"] == "dimensions"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="no-such-model", input="x")
+    for bad, param in (
+        ({"input": [[101, 2023, 102]]}, "input"),  # token ids
+        ({"input": []}, "input"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ):
+        response = http.post("/v1/embeddings", json={"model": "bert-embedder", **bad})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error", error
+        assert set(error) == {"message", "type", "param", "code"}
+    token_ids = http.post("/v1/embeddings", json={"model": "bert-embedder", "input": [1, 2, 3]}).json()
+    assert "token-id input is not supported" in token_ids["error"]["message"]
+    wrong_task = http.post("/v1/embeddings", json={"model": "gpt", "input": "x"})
+    assert wrong_task.status_code == 400 and wrong_task.json()["error"]["param"] == "model"
+    paths = http.get("/schema/openapi.json").json()["paths"]
+    assert {"400", "404", "429"} <= set(paths["/v1/embeddings"]["post"]["responses"])
+    assert {"422", "404", "429"} <= set(paths["/v1/embed"]["post"]["responses"])

@@ -1,7 +1,7 @@
 """Litestar controllers, one per resource; they only translate between JSON and the inference layer."""
 
 from .classify import ClassifyController
-from .embed import EmbedController
+from .embed import EmbedController, EmbeddingsController
 from .extract import ExtractController
 from .generate import GenerateController
 from .openai import CompletionsController
@@ -15,6 +15,7 @@ CONTROLLERS = [
     GenerateController,
     CompletionsController,
     EmbedController,
+    EmbeddingsController,
     ExtractController,
     ModelsController,
     HealthController,

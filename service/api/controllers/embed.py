@@ -1,4 +1,9 @@
-"""POST /v1/embed: sentence embeddings through ``InferenceService.embed`` (batched, cached, limited)."""
+"""POST /v1/embed (this API's envelope) and POST /v1/embeddings (OpenAI's shape and errors).
+
+Two doors into the same ``InferenceService.embed``: the same batcher, response
+cache (an OpenAI request and the same texts on /v1/embed share an entry:
+``encoding_format`` only changes how the vectors are written), limits and metrics.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,25 @@ from typing import Any
 
 from litestar import Controller, Request, post
 
+from service.errors import InvalidInputError
 from service.inference import InferenceService
+from service.pipelines.embed import SentenceEmbedder
 
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
 from ..limits import RequestLimits
-from ..schemas.embed import EmbedBody, EmbeddingOut, EmbedResponse
+from ..openai_errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
+from ..schemas.embed import (
+    EmbedBody,
+    EmbeddingData,
+    EmbeddingOut,
+    EmbeddingsBody,
+    EmbeddingsResponse,
+    EmbeddingsUsage,
+    EmbedResponse,
+)
 
 
 class EmbedController(Controller):
@@ -45,3 +61,50 @@ class EmbedController(Controller):
             ),
         )
         return EmbedResponse(**envelope(outcome), results=[EmbeddingOut.of(e) for e in outcome.results])
+
+
+class EmbeddingsController(Controller):
+    path = "/v1/embeddings"
+    tags = ("openai",)
+    exception_handlers = OPENAI_EXCEPTION_HANDLERS
+
+    @post(
+        status_code=200,
+        guards=[require_json],
+        responses=OPENAI_ERRORS,
+        summary="OpenAI-compatible embeddings",
+    )
+    async def embeddings(
+        self,
+        request: Request[Any, Any, Any],
+        data: EmbeddingsBody,
+        inference: InferenceService,
+        limits: RequestLimits,
+    ) -> EmbeddingsResponse:
+        """OpenAI's Embeddings API on a feature-extraction model: unit-length vectors, as floats or base64
+        (little-endian float32). ``dimensions`` other than the model's own is refused (400): its
+        embeddings were not trained to be shortened. Errors are OpenAI's ``{"error": {message, type,
+        param, code}}``; invalid parameters answer 400."""
+        inputs = data.fields_and_texts()
+        limits.items("input", len(inputs))
+        limits.texts(inputs)
+        inference.check_ready()
+        embedder = inference.registry.resolve(SentenceEmbedder, data.model, "model")
+        if data.dimensions is not None and data.dimensions != embedder.dimensions:
+            raise InvalidInputError(
+                f"model {embedder.name!r} makes {embedder.dimensions}-dimensional embeddings and does not "
+                "support other sizes (it was not trained for shortened, Matryoshka embeddings)",
+                "dimensions",
+                "unsupported",
+            )
+        outcome = await unless_disconnected(
+            request,
+            inference.embed(data.texts, True, embedder.name, "input", cache_control(request)),
+        )
+        return EmbeddingsResponse(
+            data=[EmbeddingData.of(i, e.vector, data.encoding_format) for i, e in enumerate(outcome.results)],
+            model=outcome.model,
+            usage=EmbeddingsUsage(
+                prompt_tokens=outcome.usage.input_tokens, total_tokens=outcome.usage.input_tokens
+            ),
+        )
