@@ -8,6 +8,7 @@ listed; a 500 is a bug, logged with its traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Request, Response
@@ -216,6 +217,32 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     EngineError: on_engine_error,
     Exception: on_unexpected,
 }
+
+
+Reshape = Callable[[Response[Any]], Response[dict[str, Any]]]
+
+
+def reshaped_handlers(reshape: Reshape) -> ExceptionHandlersMap:
+    """``EXCEPTION_HANDLERS`` whose answers ``reshape`` re-dresses, for a protocol with its own error body.
+
+    The classification (which error, which status, which headers) stays this module's; a
+    protocol module only says how its body looks (``openai_errors``, ``v2_errors``).
+    """
+
+    def wrap(handler: Callable[..., Response[Any]]) -> Callable[..., Response[dict[str, Any]]]:
+        def handle(request: Request[Any, Any, Any], exc: Any) -> Response[dict[str, Any]]:
+            return reshape(handler(request, exc))
+
+        return handle
+
+    return {exc_type: wrap(handler) for exc_type, handler in EXCEPTION_HANDLERS.items()}  # type: ignore[misc]
+
+
+def stream_error(exc: Exception, request: Request[Any, Any, Any], reshape: Reshape) -> dict[str, Any]:
+    """The body of the error event that ends a stream broken mid-way, in a protocol's shape."""
+    handler = next(EXCEPTION_HANDLERS[t] for t in type(exc).__mro__ if t in EXCEPTION_HANDLERS)
+    content: dict[str, Any] = reshape(handler(request, exc)).content  # type: ignore[operator]
+    return content
 
 
 def error_responses(*codes: int) -> dict[int, ResponseSpec]:

@@ -18,14 +18,13 @@ before any handler (auth 401, overload 503) use ``openai_error_body`` for
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from .errors import EXCEPTION_HANDLERS
+from .errors import reshaped_handlers, stream_error
 from .schemas.errors import describe_status
 from .schemas.openai_errors import OpenAIErrorBody, OpenAIErrorDetail
 
@@ -72,28 +71,13 @@ def openai_response(response: Response[Any]) -> Response[dict[str, Any]]:
     return Response(body, status_code=status, headers=dict(response.headers) or None)
 
 
-def _reshaped(
-    handler: Callable[[Request[Any, Any, Any], Any], Response[Any]],
-) -> Callable[[Request[Any, Any, Any], Any], Response[dict[str, Any]]]:
-    def handle(request: Request[Any, Any, Any], exc: Any) -> Response[dict[str, Any]]:
-        return openai_response(handler(request, exc))
-
-    return handle
-
-
-OPENAI_EXCEPTION_HANDLERS: ExceptionHandlersMap = {
-    exc_type: _reshaped(handler)  # type: ignore[arg-type]
-    for exc_type, handler in EXCEPTION_HANDLERS.items()
-}
+OPENAI_EXCEPTION_HANDLERS: ExceptionHandlersMap = reshaped_handlers(openai_response)
 """``EXCEPTION_HANDLERS`` with OpenAI's body: set it as a controller's ``exception_handlers``."""
 
 
 def openai_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The body of the ``data: {"error": ...}`` chunk that ends a stream broken mid-way (as vLLM sends it)."""
-    handler = next(EXCEPTION_HANDLERS[t] for t in type(exc).__mro__ if t in EXCEPTION_HANDLERS)
-    response = openai_response(handler(request, exc))  # type: ignore[arg-type]
-    content: dict[str, Any] = response.content
-    return content
+    return stream_error(exc, request, openai_response)
 
 
 def openai_error_responses(*codes: int) -> dict[int, ResponseSpec]:

@@ -17,14 +17,13 @@ overload 503) use ``v2_error_body`` for ``is_v2_path`` through
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from .errors import EXCEPTION_HANDLERS
+from .errors import reshaped_handlers, stream_error
 from .schemas.errors import describe_status
 from .schemas.v2 import V2ErrorBody
 
@@ -52,27 +51,13 @@ def v2_response(response: Response[Any]) -> Response[dict[str, Any]]:
     return Response(v2_error_body(message), status_code=status, headers=dict(response.headers) or None)
 
 
-def _reshaped(
-    handler: Callable[[Request[Any, Any, Any], Any], Response[Any]],
-) -> Callable[[Request[Any, Any, Any], Any], Response[dict[str, Any]]]:
-    def handle(request: Request[Any, Any, Any], exc: Any) -> Response[dict[str, Any]]:
-        return v2_response(handler(request, exc))
-
-    return handle
-
-
-V2_EXCEPTION_HANDLERS: ExceptionHandlersMap = {
-    exc_type: _reshaped(handler)  # type: ignore[arg-type]
-    for exc_type, handler in EXCEPTION_HANDLERS.items()
-}
+V2_EXCEPTION_HANDLERS: ExceptionHandlersMap = reshaped_handlers(v2_response)
 """``EXCEPTION_HANDLERS`` with the protocol's body: set it as a controller's ``exception_handlers``."""
 
 
 def v2_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The ``data: {"error": ...}`` chunk that ends a generate_stream broken mid-way."""
-    handler = next(EXCEPTION_HANDLERS[t] for t in type(exc).__mro__ if t in EXCEPTION_HANDLERS)
-    content: dict[str, Any] = v2_response(handler(request, exc)).content  # type: ignore[arg-type]
-    return content
+    return stream_error(exc, request, v2_response)
 
 
 def v2_error_responses(*codes: int) -> dict[int, ResponseSpec]:
