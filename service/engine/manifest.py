@@ -158,6 +158,37 @@ class EmbeddingSpec(_Section):
     pooled_output: str = "mean_pooled"
 
 
+Precision = Literal["fp32", "int8", "fp16"]
+Device = Literal["cpu", "cuda"]
+VARIANT_NAMES = ("fused", "int8", "fp16")  # besides the reference: the fp32 graphs exactly as exported
+
+
+class Variant(_Section):
+    """An optimized copy of the model's graphs, written by ``python -m model_export variants``.
+
+    The reference (``Manifest.graphs``: fp32, unfused, exactly as exported and parity-checked against
+    torch) always stays; a variant has the same graph names, inputs and outputs, in other files. Its
+    validation metrics are measured on the same split as the reference's, and ``serve_by_default``
+    says whether it passed the accuracy rule (``tolerance``: the largest allowed drop of ``metric``).
+    The service serves, per device, the first variant of its preference order that lists the device
+    and is ``serve_by_default`` (``service.engine.repository``); MODEL_VARIANT overrides.
+    """
+
+    graphs: dict[str, str]  # graph name (as in Manifest.graphs) -> file
+    precision: Precision
+    fused: bool  # attention / LayerNorm / GELU fused (op counts in ``op_counts``)
+    devices: list[Device]  # where it may run
+    method: str  # how it was made, in words (tool, options)
+    op_counts: dict[str, dict[str, int]] = Field(default_factory=dict)  # graph -> op type -> count
+    metric: str | None = None  # the validation metric the rule compares (e.g. "accuracy", "bleu")
+    validation: dict[str, float] | None = None  # this variant's metrics (None: not measured here)
+    delta: dict[str, float] | None = None  # variant - reference, per metric
+    tolerance: float | None = None  # the largest allowed drop of ``metric``
+    parity_max_abs_diff: float | None = None  # vs the reference graphs, on the parity inputs
+    serve_by_default: bool = False
+    reason: str = ""  # why it is (or is not) served by default, in words
+
+
 class Manifest(BaseModel):
     """One model folder's manifest.json."""
 
@@ -183,6 +214,7 @@ class Manifest(BaseModel):
     qa: QASpec | None = None
     preprocessing: Preprocessing | None = None
     embedding: EmbeddingSpec | None = None
+    variants: dict[str, Variant] = Field(default_factory=dict)  # name (VARIANT_NAMES) -> variant
 
     @model_validator(mode="after")
     def _task_sections(self) -> Manifest:
@@ -192,6 +224,14 @@ class Manifest(BaseModel):
         absent = [s for s in TASK_SECTIONS[self.task] if getattr(self, s) is None]
         if absent:
             raise ValueError(f"task {self.task} needs {', '.join(absent)}")
+        for name, variant in self.variants.items():
+            if name not in VARIANT_NAMES:
+                raise ValueError(f"unknown variant {name!r} (known: {', '.join(VARIANT_NAMES)})")
+            if set(variant.graphs) != set(self.graphs):
+                raise ValueError(f"variant {name} has graphs {sorted(variant.graphs)}, not {sorted(self.graphs)}")
+            unlisted = [f for f in variant.graphs.values() if f not in self.files]
+            if unlisted:
+                raise ValueError(f"variant {name}: files {unlisted} are not in the manifest's files")
         return self
 
     def token(self, name: str) -> int:
