@@ -42,12 +42,12 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 
 from service.api.auth import ApiKeys, require_api_key
 from service.api.controllers import CONTROLLERS
-from service.api.deps import provide_inference, provide_limits, provide_metrics, provide_settings
+from service.api.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
 from service.api.openai_errors import is_openai_path
-from service.api.request_id import ensure_request_id_header, request_id_middleware
+from service.api.request_id import ensure_request_id_header
 from service.api.schemas.errors import describe_status
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
@@ -179,6 +179,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         if lifecycle.draining:  # SIGTERM arrived while loading
             inference.drain()
         app.state.inference = inference
+        app.state.services = Services(inference, state.limits, settings)
         try:
             await inference.start(warmup=settings.warmup)
             for pipeline in inference.registry.pipelines.values():
@@ -203,16 +204,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies={
             "inference": Provide(provide_inference, sync_to_thread=False),
-            "limits": Provide(provide_limits, sync_to_thread=False),
-            "settings": Provide(provide_settings, sync_to_thread=False),
+            "services": Provide(provide_services, sync_to_thread=False),
             "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         exception_handlers=EXCEPTION_HANDLERS,
         before_send=[ensure_request_id_header],
-        middleware=[
-            request_id_middleware,
+        middleware=[  # the key check only where keys are configured: a layer costs on every request
             observe_requests(metrics, lifecycle, settings.max_in_flight_requests, settings.access_log),
-            require_api_key(keys),
+            *([require_api_key(keys)] if keys.enabled else []),
         ],
         cors_config=_cors(settings),
         request_max_body_size=settings.max_body_bytes,

@@ -1,7 +1,14 @@
-"""Dependency providers: handlers get the services from app.state, never from module globals."""
+"""Dependency providers: handlers get the services from app.state, never from module globals.
+
+A handler that needs more than one service takes ``services: Services``, one dependency, rather than
+``inference``, ``limits`` and ``settings`` separately: Litestar resolves the dependencies of one level
+concurrently, in an anyio task group with a task per dependency, which cost ~0.2 ms of event-loop time
+per request (a quarter of a classify request's) for three attribute reads.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 from litestar.datastructures import State
@@ -13,16 +20,22 @@ from service.settings import Settings
 from .limits import RequestLimits
 
 
+@dataclass(frozen=True)
+class Services:
+    """What the request handlers use: the inference facade, the request limits and the settings."""
+
+    inference: InferenceService
+    limits: RequestLimits
+    settings: Settings
+
+
+def provide_services(state: State) -> Services:
+    """Built once the lifespan has the inference service (``service.app``)."""
+    return cast(Services, state.services)
+
+
 def provide_inference(state: State) -> InferenceService:
     return cast(InferenceService, state.inference)
-
-
-def provide_limits(state: State) -> RequestLimits:
-    return cast(RequestLimits, state.limits)
-
-
-def provide_settings(state: State) -> Settings:
-    return cast(Settings, state.settings)
 
 
 def provide_metrics(state: State) -> Metrics:

@@ -1,8 +1,9 @@
-"""Per-request bookkeeping: the request context (id, model) for logs, in-flight counting, HTTP metrics,
-and the access log.
+"""Per-request bookkeeping, in one middleware: the request id (``request_id.py``), the request context
+(id, model) for logs, in-flight counting, HTTP metrics, and the access log.
 
-Runs inside the request-id middleware, once a route matched (so the route
-label is the path template, never a client-chosen path). The model label is
+One middleware rather than one per job: each ASGI layer wraps ``send`` and ``receive`` again, and a
+request crosses every layer several times. It runs once a route matched (so the route label is the
+path template, never a client-chosen path). The model label is
 whatever model the inference layer resolved for the request (empty for
 routes without one), so failed requests are attributed too.
 
@@ -25,7 +26,7 @@ from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 
 from .raw_errors import send_error
-from .request_id import STATE_KEY
+from .request_id import assign_request_id, with_request_id
 
 access_log = logging.getLogger("service.access")
 
@@ -53,14 +54,21 @@ def observe_requests(
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
+            rid = assign_request_id(scope)
             route = scope.get("path_template") or "unmatched"
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
             if lifecycle.in_flight >= max_in_flight and not route.startswith(_ALWAYS_ANSWERED):
                 # Past the model queues' own bounds: refuse before the body is even read.
                 children(route, method, "", 503)[0].inc()
+
+                async def send_refusal(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        with_request_id(message, rid)
+                    await send(message)
+
                 await send_error(
                     scope,
-                    send,
+                    send_refusal,
                     503,
                     "overloaded",
                     f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
@@ -68,7 +76,7 @@ def observe_requests(
                     headers={"Retry-After": "1"},
                 )
                 return
-            context = RequestContext(request_id=str((scope.get("state") or {}).get(STATE_KEY, "")))
+            context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
             in_flight = metrics.http_in_flight.labels(route)
@@ -87,6 +95,7 @@ def observe_requests(
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    with_request_id(message, rid)
                 elif message["type"] == "http.response.body":
                     sizes[1] += len(message.get("body", b""))
                 await send(message)

@@ -11,7 +11,7 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import Message, Scope
 
 HEADER = "x-request-id"
 STATE_KEY = "request_id"
@@ -24,26 +24,28 @@ def request_id_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     return str(value) if value is not None else None
 
 
-def request_id_middleware(app: ASGIApp) -> ASGIApp:
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == HEADER.encode()), "")
-        rid = given if _SANE.match(given) else uuid.uuid4().hex
-        scope.setdefault("state", {})[STATE_KEY] = rid  # type: ignore[typeddict-item]
+_HEADER_BYTES = HEADER.encode()
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (HEADER.encode(), rid.encode())]
-            await send(message)
 
-        await app(scope, receive, send_with_id)
+def assign_request_id(scope: Scope) -> str:
+    """The client's X-Request-ID when sane, else a new one; kept in the scope's state for handlers and logs.
 
-    return middleware
+    Called by the request middleware (``service.api.observe``), first thing for every routed request.
+    """
+    given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER_BYTES), "")
+    rid = given if _SANE.match(given) else uuid.uuid4().hex
+    scope.setdefault("state", {})[STATE_KEY] = rid  # type: ignore[typeddict-item]
+    return rid
+
+
+def with_request_id(message: Any, rid: str) -> None:
+    """Add the X-Request-ID header to a response start message."""
+    message["headers"] = [*message.get("headers", []), (_HEADER_BYTES, rid.encode())]
 
 
 async def ensure_request_id_header(message: Message, scope: Scope) -> None:
     """A ``before_send`` hook: answers that no route produced (404, 405) get an X-Request-ID too."""
     if message["type"] == "http.response.start":
-        MutableScopeHeaders.from_message(message).setdefault(HEADER, uuid.uuid4().hex)
+        headers = message.get("headers") or []
+        if not any(k.lower() == _HEADER_BYTES for k, _ in headers):
+            MutableScopeHeaders.from_message(message).setdefault(HEADER, uuid.uuid4().hex)

@@ -16,13 +16,12 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from service.errors import InvalidInputError
-from service.inference import InferenceService
 
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json, require_multipart
-from ..limits import RequestLimits
 from ..schemas.classify import MAX_TOP_K, ClassificationOut, ClassifyBody, ClassifyResponse, ImageUpload
 
 
@@ -46,14 +45,16 @@ class ClassifyController(Controller):
     tags = ("classification",)
 
     @post(
-        status_code=200, guards=[require_json], responses=INFERENCE_ERRORS, summary="Classify texts or images"
+        status_code=200,
+        before_request=require_json,
+        responses=INFERENCE_ERRORS,
+        summary="Classify texts or images",
     )
     async def classify(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: ClassifyBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> ClassifyResponse:
         """Text (SST-2 sentiment by default) or base64 PNG/JPEG images (Fashion-MNIST by default).
 
@@ -61,12 +62,14 @@ class ClassifyController(Controller):
         a 422 naming ``model``.
         """
         inputs = data.fields_and_values()
-        limits.items(data.input_field, len(inputs))
+        services.limits.items(data.input_field, len(inputs))
         if data.is_image:
-            images = [decode_base64_image(field, value, limits.max_image_bytes) for field, value in inputs]
+            images = [
+                decode_base64_image(field, value, services.limits.max_image_bytes) for field, value in inputs
+            ]
             for (field, _), image in zip(inputs, images, strict=True):
-                limits.image(field, image)
-            work = inference.classify_images(
+                services.limits.image(field, image)
+            work = services.inference.classify_images(
                 images,
                 data.top_k,
                 data.model,
@@ -75,8 +78,8 @@ class ClassifyController(Controller):
                 cache_control(request, data.cache),
             )
         else:
-            limits.texts(inputs)
-            work = inference.classify_texts(
+            services.limits.texts(inputs)
+            work = services.inference.classify_texts(
                 [t for _, t in inputs],
                 data.top_k,
                 data.model,
@@ -91,23 +94,22 @@ class ClassifyController(Controller):
     @post(
         "/image",
         status_code=200,
-        guards=[require_multipart],
+        before_request=require_multipart,
         responses=INFERENCE_ERRORS,
         summary="Classify one uploaded image (multipart)",
     )
     async def classify_upload(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: Annotated[ImageUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> ClassifyResponse:
         """Form fields: ``file`` (PNG/JPEG), optional ``top_k`` (1..100) and ``model``."""
         if not 1 <= data.top_k <= MAX_TOP_K:
             raise InvalidInputError(f"must be in 1..{MAX_TOP_K}", "top_k", "out_of_range")
         content = await data.file.read()
-        limits.image("file", content)
-        work = inference.classify_images(
+        services.limits.image("file", content)
+        work = services.inference.classify_images(
             [content], data.top_k, data.model or None, "file", ["file"], cache_control(request)
         )
         outcome = await unless_disconnected(request, work)

@@ -12,14 +12,13 @@ from typing import Any
 from litestar import Controller, Request, post
 
 from service.errors import InvalidInputError
-from service.inference import InferenceService
 from service.pipelines.embed import SentenceEmbedder
 
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
-from ..limits import RequestLimits
 from ..openai_errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
 from ..schemas.embed import (
     EmbedBody,
@@ -36,23 +35,22 @@ class EmbedController(Controller):
     path = "/v1/embed"
     tags = ("embeddings",)
 
-    @post(status_code=200, guards=[require_json], responses=INFERENCE_ERRORS, summary="Embed texts")
+    @post(status_code=200, before_request=require_json, responses=INFERENCE_ERRORS, summary="Embed texts")
     async def embed(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: EmbedBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> EmbedResponse:
         """Sentence embeddings (bert-embedder by default): the mean of the encoder's token states over the
         text, unit length unless ``normalize`` is false. Texts longer than the model's window are cut to it
         (``truncated``)."""
         inputs = data.fields_and_texts()
-        limits.items(data.input_field, len(inputs))
-        limits.texts(inputs)
+        services.limits.items(data.input_field, len(inputs))
+        services.limits.texts(inputs)
         outcome = await unless_disconnected(
             request,
-            inference.embed(
+            services.inference.embed(
                 [t for _, t in inputs],
                 data.normalize,
                 data.model,
@@ -70,26 +68,25 @@ class EmbeddingsController(Controller):
 
     @post(
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses=OPENAI_ERRORS,
         summary="OpenAI-compatible embeddings",
     )
     async def embeddings(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: EmbeddingsBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> EmbeddingsResponse:
         """OpenAI's Embeddings API on a feature-extraction model: unit-length vectors, as floats or base64
         (little-endian float32). ``dimensions`` other than the model's own is refused (400): its
         embeddings were not trained to be shortened. Errors are OpenAI's ``{"error": {message, type,
         param, code}}``; invalid parameters answer 400."""
         inputs = data.fields_and_texts()
-        limits.items("input", len(inputs))
-        limits.texts(inputs)
-        inference.check_ready()
-        embedder = inference.registry.resolve(SentenceEmbedder, data.model, "model")
+        services.limits.items("input", len(inputs))
+        services.limits.texts(inputs)
+        services.inference.check_ready()
+        embedder = services.inference.registry.resolve(SentenceEmbedder, data.model, "model")
         if data.dimensions is not None and data.dimensions != embedder.dimensions:
             raise InvalidInputError(
                 f"model {embedder.name!r} makes {embedder.dimensions}-dimensional embeddings and does not "
@@ -99,7 +96,7 @@ class EmbeddingsController(Controller):
             )
         outcome = await unless_disconnected(
             request,
-            inference.embed(data.texts, True, embedder.name, "input", cache_control(request)),
+            services.inference.embed(data.texts, True, embedder.name, "input", cache_control(request)),
         )
         return EmbeddingsResponse(
             data=[EmbeddingData.of(i, e.vector, data.encoding_format) for i, e in enumerate(outcome.results)],

@@ -6,13 +6,11 @@ from typing import Any
 
 from litestar import Controller, Request, post
 
-from service.inference import InferenceService
-
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
-from ..limits import RequestLimits
 from ..schemas.extract import AnswerOut, EntitiesOut, ExtractBody, ExtractResponse
 
 
@@ -22,16 +20,15 @@ class ExtractController(Controller):
 
     @post(
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses=INFERENCE_ERRORS,
         summary="Answer questions or tag entities",
     )
     async def extract(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: ExtractBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> ExtractResponse:
         """qa: answer span with character offsets into the context; contexts longer than the model's
         window are cut into overlapping windows (the manifest's stride) and the best span over all
@@ -39,23 +36,23 @@ class ExtractController(Controller):
         """
         if data.task == "entities":
             inputs = data.fields_and_texts()
-            limits.items(data.input_field, len(inputs))
-            limits.texts(inputs)
+            services.limits.items(data.input_field, len(inputs))
+            services.limits.texts(inputs)
             tagged = await unless_disconnected(
                 request,
-                inference.entities(
+                services.inference.entities(
                     [t for _, t in inputs], data.model, data.input_field, cache_control(request, data.cache)
                 ),
             )
             entities = [EntitiesOut.of(e) for e in tagged.results]
             return ExtractResponse(**envelope(tagged), task="entities", results=entities)
         pairs = data.pairs()
-        limits.items(data.input_field, len(pairs))
-        limits.texts([(f"{prefix}question", q) for prefix, (q, _) in pairs])
-        limits.contexts([(f"{prefix}context", c) for prefix, (_, c) in pairs])
+        services.limits.items(data.input_field, len(pairs))
+        services.limits.texts([(f"{prefix}question", q) for prefix, (q, _) in pairs])
+        services.limits.contexts([(f"{prefix}context", c) for prefix, (_, c) in pairs])
         outcome = await unless_disconnected(
             request,
-            inference.answer(
+            services.inference.answer(
                 [pair for _, pair in pairs], data.model, data.input_field, cache_control(request, data.cache)
             ),
         )

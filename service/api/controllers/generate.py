@@ -7,14 +7,11 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
-from service.inference import InferenceService
-from service.settings import Settings
-
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
-from ..limits import RequestLimits
 from ..openapi import also_answers
 from ..request_id import request_id_of
 from ..schemas.generate import SSE_EVENT_SCHEMA, GenerateBody, GenerateResponse, GenerationOut
@@ -35,18 +32,16 @@ class GenerateController(Controller):
 
     @post(
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses={**INFERENCE_ERRORS, 200: _OK},
         operation_class=also_answers({"text/event-stream": SSE_EVENT_SCHEMA}),
         summary="Generate text (continuous batching)",
     )
     async def generate(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: GenerateBody,
-        inference: InferenceService,
-        limits: RequestLimits,
-        settings: Settings,
     ) -> Response[Any]:
         """Sampling: temperature (0 = greedy), top_k, top_p, repetition_penalty, stop strings, seed.
 
@@ -57,15 +52,15 @@ class GenerateController(Controller):
         media type; the 200 body is documented by ``_OK``.)
         """
         inputs = data.fields_and_prompts()
-        limits.items(data.input_field, len(inputs))
-        limits.texts(inputs)
-        limits.new_tokens("max_new_tokens", data.max_new_tokens)
-        params = data.sampling_params(settings.max_new_tokens)
-        limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
+        services.limits.items(data.input_field, len(inputs))
+        services.limits.texts(inputs)
+        services.limits.new_tokens("max_new_tokens", data.max_new_tokens)
+        params = data.sampling_params(services.settings.max_new_tokens)
+        services.limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
         request_id = request_id_of(request) or ""
         if data.stream:
             assert data.prompt is not None  # the schema allows streaming a single prompt only
-            pipeline, opened = await inference.open_stream(
+            pipeline, opened = await services.inference.open_stream(
                 data.prompt, params, data.model, "prompt", request_id
             )
             return generation_events(opened, pipeline.name, pipeline.model.version, request_id or None)
@@ -73,7 +68,7 @@ class GenerateController(Controller):
         fields = [f for f, _ in inputs]
         outcome = await unless_disconnected(
             request,
-            inference.generate(
+            services.inference.generate(
                 prompts,
                 params,
                 data.model,

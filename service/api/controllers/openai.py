@@ -28,10 +28,10 @@ from service.inference import InferenceService
 from service.pipelines.generate import Generator
 from service.pipelines.results import Generation, Outcome
 
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control
 from ..guards import require_json
-from ..limits import RequestLimits
 from ..openai_errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS, openai_stream_error
 from ..openapi import also_answers
 from ..request_id import request_id_of
@@ -116,14 +116,17 @@ async def _all_choices(
     cancels the others."""
     request_id = request_id_of(request) or ""
     control = cache_control(request)
-    tasks = [
-        asyncio.ensure_future(
-            inference.generate(
-                data.prompts, data.sampling_params(i), data.model, "prompt", fields, request_id, control
-            )
+    calls = [
+        inference.generate(
+            data.prompts, data.sampling_params(i), data.model, "prompt", fields, request_id, control
         )
         for i in range(data.choices)
     ]
+    if (
+        len(calls) == 1
+    ):  # the common case: no extra task, so the sequence reaches the engine as early as /v1/generate's
+        return [await calls[0]]
+    tasks = [asyncio.ensure_future(call) for call in calls]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -237,17 +240,16 @@ class CompletionsController(Controller):
     @post(
         "/completions",
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses={**OPENAI_ERRORS, 200: _OK},
         operation_class=also_answers({"text/event-stream": chunk_schema()}),
         summary="OpenAI-compatible text completion (continuous batching)",
     )
     async def completions(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: CompletionBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> Response[Any]:
         """OpenAI's legacy Completions API on a text-generation model, as vLLM serves it.
 
@@ -256,17 +258,17 @@ class CompletionsController(Controller):
         param, code}}``; invalid parameters answer 400.
         """
         inputs = data.fields_and_prompts()
-        limits.items("prompt", len(inputs))
-        limits.texts(inputs)
-        limits.new_tokens("max_tokens", data.max_tokens)
-        limits.generation_budget("max_tokens", len(inputs) * data.choices, data.new_tokens)
-        inference.check_ready()
-        generator = inference.registry.resolve(Generator, data.model, "model")
+        services.limits.items("prompt", len(inputs))
+        services.limits.texts(inputs)
+        services.limits.new_tokens("max_tokens", data.max_tokens)
+        services.limits.generation_budget("max_tokens", len(inputs) * data.choices, data.new_tokens)
+        services.inference.check_ready()
+        generator = services.inference.registry.resolve(Generator, data.model, "model")
         texts = TokenTexts(generator)
         fields = [f for f, _ in inputs]
         if data.stream:
-            return await self._stream(request, data, inference, texts, fields)
-        outcomes = await unless_disconnected(request, _all_choices(inference, data, request, fields))
+            return await self._stream(request, data, services.inference, texts, fields)
+        outcomes = await unless_disconnected(request, _all_choices(services.inference, data, request, fields))
         n = data.choices
         choices = [
             _choice(data, prompt, outcomes[i].results[p], p * n + i, texts)
@@ -322,7 +324,7 @@ class CompletionsController(Controller):
     @post(
         "/chat/completions",
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses=OPENAI_ERRORS,
         summary="OpenAI chat completion: refused, the model has no chat template",
     )

@@ -12,7 +12,7 @@ from service.inference import InferenceService
 from service.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 
-from ..limits import RequestLimits
+from ..deps import Services
 from ..openai_errors import OPENAI_EXCEPTION_HANDLERS
 from ..openapi import also_answers
 from ..schemas.system import (
@@ -81,26 +81,26 @@ class ModelsController(Controller):
     exception_handlers = OPENAI_EXCEPTION_HANDLERS  # an OpenAI route: OpenAI's error shape
 
     @get(summary="Loaded models (OpenAI's list), refused folders and request limits")
-    async def models(self, inference: InferenceService, limits: RequestLimits) -> ModelsResponse:
+    async def models(self, services: Services) -> ModelsResponse:
         """OpenAI's ``{"object": "list", "data": [{id, object, created, owned_by, ...}]}``; each model also
         carries its task, version, execution provider, labels, limits and validation figures, and the
         list the folders refused at start-up and this deployment's request limits. ``models`` is a
         deprecated alias of ``data``, kept for one release."""
-        registry = inference.registry
+        registry = services.inference.registry
         listed = [describe(p, registry.default_for(p.name)) for p in registry.pipelines.values()]
         return ModelsResponse(
             data=listed,
             models=listed,
             refused=[RefusedOut(name=n, reason=r) for n, r in sorted(registry.refused.items())],
             limits=RequestLimitsOut(
-                max_items=limits.max_items,
-                max_text_chars=limits.max_text_chars,
-                max_context_chars=limits.max_context_chars,
-                max_new_tokens=limits.max_new_tokens,
-                max_total_new_tokens=limits.max_total_new_tokens,
-                max_body_bytes=limits.max_body_bytes,
-                max_image_bytes=limits.max_image_bytes,
-                max_image_pixels=limits.max_image_pixels,
+                max_items=services.limits.max_items,
+                max_text_chars=services.limits.max_text_chars,
+                max_context_chars=services.limits.max_context_chars,
+                max_new_tokens=services.limits.max_new_tokens,
+                max_total_new_tokens=services.limits.max_total_new_tokens,
+                max_body_bytes=services.limits.max_body_bytes,
+                max_image_bytes=services.limits.max_image_bytes,
+                max_image_pixels=services.limits.max_image_pixels,
             ),
         )
 

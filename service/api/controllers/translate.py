@@ -6,14 +6,13 @@ from typing import Any
 
 from litestar import Controller, Request, post
 
-from service.inference import InferenceService
 from service.pipelines.translate import DecodingParams
 
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control, envelope
 from ..errors import INFERENCE_ERRORS
 from ..guards import require_json
-from ..limits import RequestLimits
 from ..schemas.translate import TranslateBody, TranslateResponse, TranslationOut
 
 
@@ -23,16 +22,15 @@ class TranslateController(Controller):
 
     @post(
         status_code=200,
-        guards=[require_json],
+        before_request=require_json,
         responses=INFERENCE_ERRORS,
         summary="Translate English to German",
     )
     async def translate(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: TranslateBody,
-        inference: InferenceService,
-        limits: RequestLimits,
     ) -> TranslateResponse:
         """Greedy (beam_size 1) or beam search; a batch of texts is answered in order.
 
@@ -40,10 +38,10 @@ class TranslateController(Controller):
         parameters share a batch but decode in separate groups.
         """
         inputs = data.fields_and_texts()
-        limits.items(data.input_field, len(inputs))
-        limits.texts(inputs)
-        limits.new_tokens("max_new_tokens", data.max_new_tokens)
-        limits.generation_budget("max_new_tokens", len(inputs), data.max_new_tokens, data.beam_size)
+        services.limits.items(data.input_field, len(inputs))
+        services.limits.texts(inputs)
+        services.limits.new_tokens("max_new_tokens", data.max_new_tokens)
+        services.limits.generation_budget("max_new_tokens", len(inputs), data.max_new_tokens, data.beam_size)
         params = DecodingParams(
             beam_size=data.beam_size,
             max_new_tokens=data.max_new_tokens,
@@ -53,7 +51,7 @@ class TranslateController(Controller):
         texts = [text for _, text in inputs]
         outcome = await unless_disconnected(
             request,
-            inference.translate(
+            services.inference.translate(
                 texts, params, data.model, data.input_field, cache_control(request, data.cache)
             ),
         )

@@ -28,13 +28,12 @@ from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
 from service.inference import InferenceService
 from service.pipelines.base import ModelPipeline
 from service.pipelines.results import Outcome
-from service.settings import Settings
 
+from ..deps import Services
 from ..disconnect import unless_disconnected
 from ..envelope import cache_control
 from ..errors import MalformedBodyError
 from ..guards import read_json
-from ..limits import RequestLimits
 from ..openapi import also_answers
 from ..request_id import request_id_of
 from ..schemas.common import json_schema_of
@@ -276,9 +275,7 @@ class OpenInferenceController(Controller):
     @get(_paths("/config"), summary="A Triton-style model configuration (read-only)", responses=_UNKNOWN)
     async def model_config(
         self,
-        inference: InferenceService,
-        limits: RequestLimits,
-        settings: Settings,
+        services: Services,
         model_name: str,
         model_version: str | None = None,
     ) -> dict[str, Any]:
@@ -287,7 +284,7 @@ class OpenInferenceController(Controller):
         ``max_batch_size`` is 0 because the batch axis is part of each tensor's ``dims`` (``-1``); the
         service batches requests itself (``dynamic_batching``), up to MAX_ITEMS items per request.
         """
-        pipeline = resolve(inference, model_name, model_version)
+        pipeline = resolve(services.inference, model_name, model_version)
         sig = signature(pipeline)
         return {
             "name": pipeline.name,
@@ -298,10 +295,10 @@ class OpenInferenceController(Controller):
             "input": [_config_tensor(t) for t in sig.inputs],
             "output": [_config_tensor(t) for t in sig.outputs],
             "dynamic_batching": {
-                "max_queue_delay_microseconds": int(settings.max_queue_delay_ms * 1000),
-                "preferred_batch_size": [settings.max_batch_size],
+                "max_queue_delay_microseconds": int(services.settings.max_queue_delay_ms * 1000),
+                "preferred_batch_size": [services.settings.max_batch_size],
             },
-            "parameters": {"max_items_per_request": {"string_value": str(limits.max_items)}},
+            "parameters": {"max_items_per_request": {"string_value": str(services.limits.max_items)}},
         }
 
     @post(
@@ -360,18 +357,18 @@ class OpenInferenceController(Controller):
     )
     async def infer(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
-        inference: InferenceService,
-        limits: RequestLimits,
-        settings: Settings,
         model_name: str,
         model_version: str | None = None,
     ) -> Response[bytes]:
         """Tensors per model: ``GET /v2/models/{name}`` (inputs, outputs, parameters) and
         docs/OPEN_INFERENCE_PROTOCOL.md. Outputs are JSON unless ``binary_data_output`` or an output's
         ``binary_data`` asks for binary."""
-        pipeline = resolve(inference, model_name, model_version)
-        raw = decompress(await request.body(), request.headers.get("content-encoding"), limits.max_body_bytes)
+        pipeline = resolve(services.inference, model_name, model_version)
+        raw = decompress(
+            await request.body(), request.headers.get("content-encoding"), services.limits.max_body_bytes
+        )
         header, binary = split_body(raw, request.headers.get(HEADER_LENGTH))
         body = _parse_infer(header)
         sig = signature(pipeline)
@@ -381,7 +378,11 @@ class OpenInferenceController(Controller):
         use_cache = _flag(parameters, "cache", True)
         wanted = _requested_outputs(pipeline.name, sig, body, binary_default)
         call = Call(
-            inference, limits, settings, cache_control(request, use_cache), request_id_of(request) or ""
+            services.inference,
+            services.limits,
+            services.settings,
+            cache_control(request, use_cache),
+            request_id_of(request) or "",
         )
         runner = RUNNERS[pipeline.task]
         outcome, outputs = await unless_disconnected(request, runner(pipeline, inputs, parameters, call))
@@ -415,44 +416,45 @@ class OpenInferenceController(Controller):
     @post(
         _paths("/generate"),
         status_code=200,
-        guards=[read_json],
+        before_request=read_json,
         responses=V2_ERRORS,
         summary="Triton's generate extension: text_input -> text_output (gpt, translator)",
     )
     async def generate(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: GenerateRequest,
-        inference: InferenceService,
-        limits: RequestLimits,
-        settings: Settings,
         model_name: str,
         model_version: str | None = None,
     ) -> GenerateResponse:
         """gpt: the completion of ``text_input`` (parameters as for infer: max_tokens, temperature, top_k,
         top_p, repetition_penalty, seed, stop); translator: its translation (beam_size, max_new_tokens,
         length_penalty)."""
-        pipeline = self._generate_pipeline(inference, model_name, model_version)
+        pipeline = self._generate_pipeline(services.inference, model_name, model_version)
         parameters = self._parameters(data)
         use_cache = _flag(parameters, "cache", True)
         cache = cache_control(request, use_cache)
         request_id = request_id_of(request) or ""
         if pipeline.task == "text-generation":
             params = sampling_params(
-                pipeline.name, [data.text_input], parameters, limits, settings, "text_input"
+                pipeline.name, [data.text_input], parameters, services.limits, services.settings, "text_input"
             )
             generated = await unless_disconnected(
                 request,
-                inference.generate(
+                services.inference.generate(
                     [data.text_input], params, pipeline.name, "text_input", ["text_input"], request_id, cache
                 ),
             )
             outcome: Outcome[Any] = generated
             text, finish = generated.results[0].text, generated.results[0].finish_reason
         else:
-            decoding = decoding_params(pipeline.name, [data.text_input], parameters, limits, "text_input")
+            decoding = decoding_params(
+                pipeline.name, [data.text_input], parameters, services.limits, "text_input"
+            )
             translated = await unless_disconnected(
-                request, inference.translate([data.text_input], decoding, pipeline.name, "text_input", cache)
+                request,
+                services.inference.translate([data.text_input], decoding, pipeline.name, "text_input", cache),
             )
             outcome = translated
             best = translated.results[0].sequences[0]
@@ -468,18 +470,16 @@ class OpenInferenceController(Controller):
     @post(
         _paths("/generate_stream"),
         status_code=200,
-        guards=[read_json],
+        before_request=read_json,
         responses=V2_ERRORS,
         media_type="text/event-stream",
         summary="Triton's generate extension, streamed: one `data: {text_output}` chunk per token",
     )
     async def generate_stream(
         self,
+        services: Services,
         request: Request[Any, Any, Any],
         data: GenerateRequest,
-        inference: InferenceService,
-        limits: RequestLimits,
-        settings: Settings,
         model_name: str,
         model_version: str | None = None,
     ) -> ServerSentEvent:
@@ -487,7 +487,7 @@ class OpenInferenceController(Controller):
         (``text_output`` is the text that token adds), then a last chunk with ``text_output: ""`` and
         ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
         first chunk arrives as ``data: {"error": "..."}``; errors before it are ordinary HTTP errors."""
-        pipeline = self._generate_pipeline(inference, model_name, model_version)
+        pipeline = self._generate_pipeline(services.inference, model_name, model_version)
         parameters = self._parameters(data)
         use_cache = _flag(parameters, "cache", True)
         request_id = request_id_of(request) or ""
@@ -495,10 +495,12 @@ class OpenInferenceController(Controller):
         if data.id is not None:
             base = {"id": data.id, **base}
         if pipeline.task == "translation":
-            decoding = decoding_params(pipeline.name, [data.text_input], parameters, limits, "text_input")
+            decoding = decoding_params(
+                pipeline.name, [data.text_input], parameters, services.limits, "text_input"
+            )
             translated = await unless_disconnected(
                 request,
-                inference.translate(
+                services.inference.translate(
                     [data.text_input],
                     decoding,
                     pipeline.name,
@@ -509,8 +511,10 @@ class OpenInferenceController(Controller):
             best = translated.results[0].sequences[0]
             chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
             return ServerSentEvent(_single(chunk))
-        params = sampling_params(pipeline.name, [data.text_input], parameters, limits, settings, "text_input")
-        _, opened = await inference.open_stream(
+        params = sampling_params(
+            pipeline.name, [data.text_input], parameters, services.limits, services.settings, "text_input"
+        )
+        _, opened = await services.inference.open_stream(
             data.text_input, params, pipeline.name, "text_input", request_id
         )
         return ServerSentEvent(_token_chunks(opened.stream, base, request))
