@@ -72,6 +72,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         device=settings.device,
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
+        variant=settings.model_variant,
     )
 
 
@@ -184,7 +185,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await inference.start(warmup=settings.warmup)
             for pipeline in inference.registry.pipelines.values():
                 model = pipeline.model
-                metrics.served(model.name, model.version, model.task, model.provider)
+                metrics.served(model.name, model.version, model.task, model.provider, model.variant)
             log.info(
                 "ready: %d model(s) serving (%s), %d refused; response cache: %s",
                 len(registry.pipelines),

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.exposition import choose_encoder
 
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.engine.variants import ServedVariant
 
 __all__ = ["Metrics", "multiprocess_enabled"]
 
@@ -144,8 +147,9 @@ class Metrics:
         # --- what is served ------------------------------------------------------------------
         self.model_info = gauge(
             "model_info",
-            "A loaded model (always 1): its version and the execution provider its session got",
-            ["model", "version", "task", "execution_provider"],
+            "A loaded model (always 1): its version, the execution provider its session got, and the "
+            "variant of its graphs it serves (reference, fused, int8, fp16) with that variant's precision",
+            ["model", "version", "task", "execution_provider", "variant", "precision"],
             mode="max",
         )
 
@@ -184,8 +188,8 @@ class Metrics:
     def on_cache_error(self, backend: str, operation: str) -> None:
         self.cache_errors.labels(backend, operation).inc()
 
-    def served(self, model: str, version: str, task: str, provider: str) -> None:
-        self.model_info.labels(model, version, task, provider).set(1)
+    def served(self, model: str, version: str, task: str, provider: str, variant: ServedVariant) -> None:
+        self.model_info.labels(model, version, task, provider, variant.name, variant.precision).set(1)
         # Zero-valued series exist from the start, so rate() and alerts see them before the first event.
         self.queue_depth.labels(model).set(0)
         self.model_in_flight.labels(model).set(0)

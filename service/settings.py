@@ -53,6 +53,12 @@ class Settings(BaseSettings):
         description="auto: CUDA when the session really gets it, else CPU; cuda: fail without it",
     )
     intra_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime choose")
+    model_variant: Literal["auto", "reference", "fused", "int8", "fp16"] = Field(
+        default="auto",
+        description="Which copy of each model's graphs: auto serves, per device, the fastest variant that "
+        "passed the export's accuracy rule (CPU: int8, then fused; CUDA: fp16, then fused), else the fp32 "
+        "reference; a name serves that variant where the model has it",
+    )
     inter_op_threads: int = Field(default=1, ge=0)
 
     # --- dynamic batching (encoder models, translator) ---------------------------------

@@ -116,6 +116,8 @@ def test_model_info_matches_the_models_endpoint(client: httpx.Client) -> None:
             "version": model["version"],
             "task": model["task"],
             "execution_provider": model["execution_provider"],
+            "variant": model["variant"],
+            "precision": model["precision"],
         }
         assert value(samples, "tserve_model_info", **labels) == 1, labels
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from .manifest import FORMAT_VERSION, MANIFEST, TEXT_TASKS, Manifest, content_version, file_sha256
-from .runtime import Graph, RuntimeOptions
+from .runtime import Graph, RuntimeOptions, expected_device
+from .variants import ServedVariant, ServingDevice, choose_variant
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class LoadedModel:
     manifest: Manifest
     graphs: dict[str, Graph]
     tokenizer: Tokenizer | None
+    variant: ServedVariant  # which copy of the graphs these sessions run (service.engine.variants)
 
     @property
     def task(self) -> str:
@@ -82,27 +84,60 @@ def verify_files(model_dir: Path, manifest: Manifest, check_hashes: bool = True)
     for role, graph in manifest.graphs.items():
         if graph.file not in files:
             raise ModelLoadError(f"graph {role} file {graph.file} is not among the hashed files")
+    for name, variant in manifest.variants.items():
+        for role, file in variant.graphs.items():
+            if file not in files:
+                raise ModelLoadError(f"variant {name} graph {role} file {file} is not among the hashed files")
     if manifest.task in TEXT_TASKS and "tokenizer.json" not in files:
         raise ModelLoadError("text model without tokenizer.json")
 
 
-def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = True) -> LoadedModel:
-    manifest = read_manifest(model_dir)
-    verify_files(model_dir, manifest, check_hashes)
+def _open_graphs(
+    model_dir: Path, manifest: Manifest, variant: ServedVariant, options: RuntimeOptions
+) -> dict[str, Graph]:
+    """One session per graph of ``variant``; each must have exactly the reference's inputs and outputs."""
     graphs: dict[str, Graph] = {}
     for role, spec in manifest.graphs.items():
+        file = variant.files[role]
         try:
-            graph = Graph(model_dir / spec.file, options)
+            graph = Graph(model_dir / file, options)
         except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
-            raise ModelLoadError(f"ONNX Runtime cannot load {spec.file}: {exc}") from exc
+            raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
         for kind, declared, actual in (
             ("input", spec.inputs, graph.input_names),
             ("output", spec.outputs, graph.output_names),
         ):
             names = [io.name for io in declared]
             if names != actual:
-                raise ModelLoadError(f"{spec.file} {kind}s are {actual}, the manifest says {names}")
+                raise ModelLoadError(f"{file} {kind}s are {actual}, the manifest says {names}")
         graphs[role] = graph
+    return graphs
+
+
+def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
+    return "cuda" if all(g.on_cuda for g in graphs.values()) else "cpu"
+
+
+def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = True) -> LoadedModel:
+    manifest = read_manifest(model_dir)
+    verify_files(model_dir, manifest, check_hashes)
+    device = expected_device(options)
+    variant = choose_variant(manifest, device, options.variant)
+    graphs = _open_graphs(model_dir, manifest, variant, options)
+    landed = _served_device(graphs)
+    if landed != device:  # CUDA was expected but the sessions fell back: choose again for where they run
+        again = choose_variant(manifest, landed, options.variant)
+        if again != variant:
+            variant, graphs = again, _open_graphs(model_dir, manifest, again, options)
+    if variant.name != "reference" or manifest.variants:
+        log.info(
+            "%s serves its %s graphs (%s) on %s: %s",
+            model_dir.name,
+            variant.name,
+            variant.precision,
+            landed,
+            variant.reason,
+        )
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
         try:
@@ -112,7 +147,7 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
     name = manifest.name or model_dir.name
     if name != model_dir.name:
         raise ModelLoadError(f"manifest name {name!r} differs from the folder name {model_dir.name!r}")
-    return LoadedModel(name, model_dir, manifest, graphs, tokenizer)
+    return LoadedModel(name, model_dir, manifest, graphs, tokenizer, variant)
 
 
 def load_repository(

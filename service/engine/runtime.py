@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .variants import ServingDevice, VariantChoice
+
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 import onnxruntime as ort
 
@@ -35,6 +37,7 @@ class RuntimeOptions:
     inter_op_threads: int = 1
     cuda_device_id: int = 0
     graph_optimization: str = "all"
+    variant: VariantChoice = "auto"  # which copy of the graphs (service.engine.variants)
 
 
 def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
@@ -68,6 +71,19 @@ def _preload_cuda_libraries() -> None:
                 preload(msvc=False)
             except Exception as exc:  # missing packages: the session falls back to CPU and says so
                 log.debug("onnxruntime.preload_dlls() failed: %s", exc)
+
+
+def expected_device(options: RuntimeOptions) -> ServingDevice:
+    """Where sessions will run, as far as is known before creating one: the variant choice needs it.
+
+    "cuda" when CUDA is asked for (or auto and onnxruntime-gpu is installed) and no session has
+    fallen back yet; a model whose sessions then land on CPU after all is loaded again for CPU.
+    """
+    if options.device == "cpu" or CUDA not in ort.get_available_providers():
+        return "cpu"
+    if options.device == "auto" and _cuda_usable is False:
+        return "cpu"
+    return "cuda"
 
 
 def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:

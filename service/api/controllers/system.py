@@ -22,6 +22,7 @@ from ..schemas.system import (
     ReadyResponse,
     RefusedOut,
     RequestLimitsOut,
+    VariantOut,
 )
 
 
@@ -67,6 +68,23 @@ def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
         architecture=m.manifest.architecture,
         description=m.manifest.description,
         execution_provider=m.provider,
+        variant=m.variant.name,
+        precision=m.variant.precision,
+        variant_reason=m.variant.reason,
+        variants={
+            name: VariantOut(
+                precision=v.precision,
+                fused=v.fused,
+                devices=list(v.devices),
+                metric=v.metric,
+                validation=v.validation,
+                delta=v.delta,
+                tolerance=v.tolerance,
+                serve_by_default=v.serve_by_default,
+                reason=v.reason,
+            )
+            for name, v in m.manifest.variants.items()
+        },
         labels=m.manifest.labels or None,
         limits=model_limits(m.manifest),
         default_for=default_for,

@@ -7,6 +7,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 
+class VariantOut(BaseModel):
+    precision: str
+    fused: bool
+    devices: list[str]
+    metric: str | None = Field(description="The validation metric the accuracy rule compares")
+    validation: dict[str, float] | None = Field(description="This variant's metrics (null: not measured)")
+    delta: dict[str, float] | None = Field(description="Variant minus reference, per metric")
+    tolerance: float | None = Field(description="The largest drop of `metric` the rule allows")
+    serve_by_default: bool
+    reason: str
+
+
 class ModelOut(BaseModel):
     # OpenAI's model object: id, object, created, owned_by.
     id: str = Field(description="The model's name: what `model` takes in a request")
@@ -20,6 +32,16 @@ class ModelOut(BaseModel):
     architecture: str | None
     description: str | None
     execution_provider: str = Field(description="The ONNX Runtime provider the session really got")
+    variant: str = Field(
+        description="The copy of the graphs served: reference (fp32 as exported), fused, int8 or fp16 (MODEL_VARIANT)"
+    )
+    precision: str = Field(description="The served graphs' precision: fp32, int8 or fp16")
+    variant_reason: str = Field(description="Why this variant is served, in words")
+    variants: dict[str, VariantOut] = Field(
+        default_factory=dict,
+        description="Every optimized variant the export wrote, with its validation metrics, its difference "
+        "from the reference and whether it passed the accuracy rule",
+    )
     labels: list[str] | None = None
     limits: dict[str, Any] = Field(
         description="The model's own limits (token windows, QA stride, image size)"
