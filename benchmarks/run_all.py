@@ -28,6 +28,7 @@ from benchmarks import (
     overhead,
     protocols,
     response_cache,
+    variants,
 )
 from benchmarks.cli import base_parser, options_from, timed_run
 from benchmarks.options import describe_options
@@ -43,6 +44,7 @@ MODULES: list[ModuleType] = [
     response_cache,
     cold_start,
     protocols,
+    variants,
 ]
 
 # The JSON keys every run writes, and the benchmark each comes from.
@@ -55,6 +57,7 @@ HEADLINE = {
     "cold_start_seconds": "cold_start",
     "openai_over_native_generate": "protocols",
     "oip_binary_over_native_classify": "protocols",
+    "int8_classify_speedup_32": "variants",
 }
 BUDGET_S = 15 * 60
 

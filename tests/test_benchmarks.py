@@ -24,6 +24,7 @@ SCRIPTS = [
     "response_cache",
     "cold_start",
     "protocols",
+    "variants",
     "run_all",
 ]
 HEADLINE = [
@@ -35,6 +36,7 @@ HEADLINE = [
     "cold_start_seconds",
     "openai_over_native_generate",
     "oip_binary_over_native_classify",
+    "int8_classify_speedup_32",
 ]
 
 
