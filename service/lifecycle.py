@@ -15,6 +15,7 @@ signal shuts down at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -67,6 +68,18 @@ class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self._drain_since: float | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        # What really serves: uvicorn picks uvloop and httptools when they import, else asyncio and h11.
+        loop = type(asyncio.get_running_loop())
+        protocol = getattr(self.config, "http_protocol_class", None)
+        log.info(
+            "serving with event loop %s.%s, HTTP protocol %s",
+            loop.__module__,
+            loop.__qualname__,
+            getattr(protocol, "__name__", protocol),
+        )
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # Runs as a signal handler: only note the time; on_tick (on the event loop) does the work.

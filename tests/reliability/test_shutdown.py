@@ -107,5 +107,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(
         # Each process logs how many requests it was still answering when the drain began.
         counts = [int(n) for n in re.findall(r"draining: .*?(\d+) request\(s\) in flight", service.log())]
         assert len(counts) == workers and sum(counts) >= 1, counts
+        # uvloop and httptools are what serve (uvicorn silently falls back to asyncio and h11 without them).
+        served_with = re.findall(r"serving with event loop (\S+), HTTP protocol (\S+)", service.log())
+        assert served_with and set(served_with) == {("uvloop.Loop", "HttpToolsProtocol")}, served_with
     finally:
         service.stop()
