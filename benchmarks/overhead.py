@@ -34,6 +34,7 @@ from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import softmax
 from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
+from service.settings import Settings
 
 NAME = "overhead"
 TITLE = "(c) Service overhead: served classify throughput vs raw ONNX Runtime on the same batches"
@@ -112,7 +113,9 @@ def run(opts: Options) -> Result:
 
     # The raw side runs after the server has stopped: the model has the machine to itself, as it had
     # the server's share of it. Same ONNX Runtime options as the server.
-    model = load_model(folder, RuntimeOptions(device=opts.device, intra_op_threads=opts.threads))  # type: ignore[arg-type]
+    spinning = Settings().intra_op_spinning  # INTRA_OP_SPINNING, as the server read it from the same environment
+    options = RuntimeOptions(device=opts.device, intra_op_threads=opts.threads, spinning=spinning)  # type: ignore[arg-type]
+    model = load_model(folder, options)
     raw = RawClassifier(model)
     by_ids = {tuple(ids): text for text, ids in zip(texts, raw.ids(texts), strict=True)}
     replay = [

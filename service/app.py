@@ -73,6 +73,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
         variant=settings.model_variant,
+        spinning=settings.intra_op_spinning,
     )
 
 

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
         "reference; a name serves that variant where the model has it",
     )
     inter_op_threads: int = Field(default=1, ge=0)
+    intra_op_spinning: bool = Field(
+        default=True,
+        description="Let ONNX Runtime's idle intra-op threads spin before sleeping (its default); off, they "
+        "leave the cores to the event loop between model calls",
+    )
 
     # --- dynamic batching (encoder models, translator) ---------------------------------
     max_batch_size: int = Field(default=32, ge=1)

@@ -38,6 +38,7 @@ class RuntimeOptions:
     cuda_device_id: int = 0
     graph_optimization: str = "all"
     variant: VariantChoice = "auto"  # which copy of the graphs (service.engine.variants)
+    spinning: bool = True  # ONNX Runtime's default: idle intra-op threads spin before they sleep
 
 
 def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
@@ -50,6 +51,9 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[options.graph_optimization]
+    if not options.spinning:  # threads that spin between operators take the cores the event loop needs
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3  # errors only: the CUDA probe on a CPU machine is not news
     return so
 
