@@ -43,6 +43,7 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 from service.api.auth import ApiKeys, require_api_key
 from service.api.controllers import CONTROLLERS
 from service.api.deps import Services, provide_inference, provide_metrics, provide_services
+from service.api.docs_ui import assets_router, render_plugins
 from service.api.errors import EXCEPTION_HANDLERS
 from service.api.limits import RequestLimits
 from service.api.observe import observe_requests
@@ -126,6 +127,7 @@ def _openapi(keys: ApiKeys) -> OpenAPIConfig:
         "apiKey": SecurityScheme(type="apiKey", name="X-API-Key", security_scheme_in="header"),
     }
     return OpenAPIConfig(
+        render_plugins=render_plugins(),
         title="Transformer serving",
         version=API_VERSION,
         description="Translation, classification (text and images), generation, QA and entities over "
@@ -202,7 +204,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     app = Litestar(
-        route_handlers=CONTROLLERS,
+        route_handlers=[*CONTROLLERS, assets_router()],
         lifespan=[lifespan],
         dependencies={
             "inference": Provide(provide_inference, sync_to_thread=False),

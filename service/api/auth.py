@@ -5,7 +5,7 @@ compared in constant time (``hmac.compare_digest`` against every configured
 key, no early exit), so response timing does not reveal how much of a guess
 was right. Health probes and /metrics stay open unless AUTH_HEALTH /
 AUTH_METRICS say otherwise (probes and scrapers rarely carry credentials);
-the OpenAPI schema and docs stay open. The check runs before the body is read.
+the OpenAPI schema, docs and their assets stay open. The check runs before the body is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .raw_errors import send_error
 class ApiKeys:
     def __init__(self, keys: Sequence[str], protect_health: bool, protect_metrics: bool) -> None:
         self._keys = [k.encode() for k in keys if k]
-        self._open_prefixes = ["/schema"]
+        self._open_prefixes = ["/schema", "/static/"]  # the docs pages and their assets
         if not protect_health:
             self._open_prefixes += ["/health/", "/v2/health/"]
         if not protect_metrics:
