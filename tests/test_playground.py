@@ -215,3 +215,22 @@ def test_the_page_fetched_nothing_from_other_hosts(browser: Any, server: LiveSer
     urls = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     outside = [u for u in urls if not u.startswith(server.url)]
     assert not outside, outside
+
+
+@pytest.mark.parametrize(
+    ("page", "title_selector"),
+    [("/schema/swagger", ".swagger-ui .info .title"), ("/schema/redoc", "h1"), ("/schema", "h1")],
+)
+def test_the_docs_pages_render_offline(browser: Any, server: LiveServer, page: str, title_selector: str) -> None:
+    """Not a blank page: the UI (vendored JavaScript) renders the document's title and operations."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server.url}{page}")
+    title = _wait(
+        browser,
+        lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, title_selector) if "Transformer serving" in e.text],
+    )
+    assert title
+    assert "/v1/classify" in browser.find_element(By.TAG_NAME, "body").text
+    urls = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u.startswith(server.url) for u in urls), urls
