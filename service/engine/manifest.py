@@ -228,7 +228,9 @@ class Manifest(BaseModel):
             if name not in VARIANT_NAMES:
                 raise ValueError(f"unknown variant {name!r} (known: {', '.join(VARIANT_NAMES)})")
             if set(variant.graphs) != set(self.graphs):
-                raise ValueError(f"variant {name} has graphs {sorted(variant.graphs)}, not {sorted(self.graphs)}")
+                raise ValueError(
+                    f"variant {name} has graphs {sorted(variant.graphs)}, not {sorted(self.graphs)}"
+                )
             unlisted = [f for f in variant.graphs.values() if f not in self.files]
             if unlisted:
                 raise ValueError(f"variant {name}: files {unlisted} are not in the manifest's files")
