@@ -89,6 +89,21 @@ def _parser() -> argparse.ArgumentParser:
             default="cpu",
             help="torch device for training, e.g. cuda (budgets are calibrated for CPU)",
         )
+        if command == "all":
+            p.add_argument(
+                "--no-variants",
+                action="store_true",
+                help="skip the fused / int8 / fp16 variants (model_export/variants.py)",
+            )
+    v = sub.add_parser("variants", help="write, check and evaluate the fused, int8 and fp16 graph variants")
+    v.add_argument(
+        "--models", default=os.environ.get("MODEL_REPOSITORY", "models"), help="model repository directory"
+    )
+    v.add_argument("--only", help="comma-separated model names (default: every model found)")
+    v.add_argument("--data-dir")
+    v.add_argument("--split", default="validation")
+    v.add_argument("--limit", type=int, help="evaluate only the first N examples (characters for gpt)")
+    v.add_argument("--beam-size", type=int, default=4, help="translator decoding (1 = greedy)")
     e = sub.add_parser("evaluate")
     e.add_argument(
         "--models", default=os.environ.get("MODEL_REPOSITORY", "models"), help="model repository directory"
@@ -152,6 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     start = time.perf_counter()
+
+    if args.command == "variants":
+        from .variants import build_variants
+
+        models_dir = Path(args.models)
+        present = sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
+        names = [n.strip() for n in args.only.split(",")] if args.only else present
+        if not names or any(n not in present for n in names):
+            raise SystemExit(f"no exported model(s) {names} in {models_dir}")
+        data_dir = resolve_data_dir(args.data_dir)
+        for name in names:
+            build_variants(models_dir, name, data_dir, args.split, args.limit, args.beam_size)
+        log.info("variants finished in %.1f minutes", (time.perf_counter() - start) / 60)
+        return 0
 
     if args.command == "evaluate":
         models_dir = Path(args.models)
@@ -221,6 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         results = _evaluate(
             Path(args.out), [c.name for c in built], built[0].data_dir, "validation", limits, beam
         )
+        if not args.no_variants:
+            from .variants import build_variants
+
+            for ctx in built:
+                limit = ctx.recipe.eval_limit
+                build_variants(Path(args.out), ctx.name, ctx.data_dir, "validation", limit, beam)
+                results[ctx.name] = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())[
+                    "validation"
+                ]["validation"]  # the same figures, stamped with the version that lists the variants
         summary = Path(args.out) / "evaluation.json"
         previous = json.loads(summary.read_text()) if summary.is_file() else {}
         _write_json(str(summary), {**previous, **results})  # a partial rebuild keeps the others' figures

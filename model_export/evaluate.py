@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -24,6 +24,7 @@ from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import logprobs
 from service.engine.seq2seq import Seq2SeqModel
+from service.engine.variants import VariantChoice
 from service.pipelines.entity_spans import word_predictions
 from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
@@ -249,9 +250,17 @@ def evaluate_vit(model: LoadedModel, data_dir: Path, split: str, limit: int | No
 
 
 def evaluate_model(
-    models_dir: Path, name: str, data_dir: Path, split: str, limit: int | None = None, beam_size: int = 4
+    models_dir: Path,
+    name: str,
+    data_dir: Path,
+    split: str,
+    limit: int | None = None,
+    beam_size: int = 4,
+    variant: VariantChoice = "reference",
+    device: Literal["cpu", "cuda"] = "cpu",
 ) -> dict[str, Any]:
-    model = load_model(models_dir / name, RuntimeOptions(device="cpu"))
+    """The model's metrics on ``split``, computed on its ``variant`` graphs (the reference by default)."""
+    model = load_model(models_dir / name, RuntimeOptions(device=device, variant=variant))
     evaluators: dict[str, Callable[[], dict]] = {
         "translation": lambda: evaluate_translator(model, data_dir, split, limit, beam_size),
         "text-classification": lambda: evaluate_classifier(model, data_dir, split, limit),

@@ -1,0 +1,254 @@
+"""``python -m model_export variants``: optimized copies of every model's graphs, each proven and recorded.
+
+For every graph of a model folder, beside the reference (fp32, exactly as exported, parity-checked
+against torch; it stays and stays the reference):
+
+- ``fused`` (fp32, CPU and CUDA): ONNX Runtime's transformer fusions plus our attention rewrite
+  (``fusion.py``): attention, LayerNorm (+ residual) and GELU (+ bias) each one op;
+- ``int8`` (CPU): dynamic quantization of the fused graph's weight matmuls (``quantize_dynamic``:
+  int8 weights, per tensor; activations quantized per call), what CTranslate2 and Optimum do for CPUs;
+- ``fp16`` (CUDA): the fused graph in float16 with float32 inputs and outputs (the KV cache too),
+  ONNX Runtime's ``convert_float_to_float16``.
+
+Each variant's graphs are checked against the reference's on the same inputs (``parity_max_abs_diff``)
+and evaluated on the same validation split with the same code (``evaluate.py``); the manifest records
+its metrics, their difference from the reference, and whether it passes the accuracy rule: the
+headline metric may drop by at most 0.01 (accuracy, F1 on 0-1 scales), 1 point (BLEU, SQuAD F1 on
+0-100) or 0.05 bits per character. The service serves a variant by default only where it passed
+(``service/engine/variants.py``). fp16 is evaluated only where the export has CUDA; elsewhere it is
+written, recorded as not validated, and not served by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from service.engine.manifest import MANIFEST, Manifest, content_version, file_sha256
+
+from .fusion import fuse_attention, op_counts, optimize
+
+log = logging.getLogger(__name__)
+
+# task -> (headline metric, allowed drop, higher is better)
+RULES: dict[str, tuple[str, float, bool]] = {
+    "translation": ("bleu", 1.0, True),
+    "text-classification": ("accuracy", 0.01, True),
+    "question-answering": ("f1", 1.0, True),  # SQuAD F1, 0-100
+    "token-classification": ("entity_f1", 0.01, True),
+    "text-generation": ("bits_per_char", 0.05, False),
+    "image-classification": ("accuracy", 0.01, True),
+    "feature-extraction": ("centroid_accuracy", 0.01, True),
+}
+METHODS = {
+    "fused": "onnxruntime.transformers optimize_model (opt_level 0) + model_export.fusion.fuse_attention "
+    "(ONNX Attention, opset 23)",
+    "int8": "onnxruntime.quantization.quantize_dynamic of the fused graph: MatMul with constant weights, "
+    "QInt8 weights per tensor, uint8 activations quantized per call",
+    "fp16": "onnxruntime.transformers OnnxModel.convert_float_to_float16(keep_io_types=True) of the fused graph",
+}
+DEVICES = {"fused": ["cpu", "cuda"], "int8": ["cpu"], "fp16": ["cuda"]}
+PRECISIONS = {"fused": "fp32", "int8": "int8", "fp16": "fp16"}
+
+
+_cuda: dict[str, bool] = {}
+
+
+def _cuda_works(path: Path) -> bool:
+    """Whether a session on ``path`` really gets CUDA (onnxruntime-gpu lists it on machines without a GPU).
+
+    Probed once per process, with ONNX Runtime's own error log silenced: a failed CUDA load is the
+    expected answer on a CPU machine."""
+    if "works" not in _cuda:
+        import onnxruntime as ort
+
+        from service.engine.runtime import RuntimeOptions, create_session
+
+        ort.set_default_logger_severity(4)
+        try:
+            create_session(path, RuntimeOptions(device="cuda"))
+            _cuda["works"] = True
+        except Exception:
+            _cuda["works"] = False
+        finally:
+            ort.set_default_logger_severity(2)
+    return _cuda["works"]
+
+
+def _write_graphs(folder: Path, manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Write every variant's graphs; returns variant -> graph name -> file."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    config = manifest.get("config", {})
+    heads = int(config.get("num_heads") or 0)
+    hidden = int(config.get("d_model") or config.get("hidden_size") or 0)
+    files: dict[str, dict[str, str]] = {"fused": {}, "int8": {}, "fp16": {}}
+    for graph, entry in manifest["graphs"].items():
+        reference = folder / entry["file"]
+        stem = reference.name.removesuffix(".onnx")
+        fused = optimize(reference, manifest["task"], heads, hidden)
+        attention = fuse_attention(fused)
+        del fused.graph.value_info[:]  # intermediate shapes as traced: stale after the rewrites
+        fused_file = f"{stem}.fused.onnx"
+        onnx.save(fused, str(folder / fused_file))
+        log.info("%s/%s: %d attention block(s) fused by our rewrite", folder.name, graph, attention)
+        int8_file = f"{stem}.int8.onnx"
+        quantize_dynamic(
+            folder / fused_file,
+            folder / int8_file,
+            weight_type=QuantType.QInt8,
+            per_channel=False,
+            op_types_to_quantize=["MatMul"],
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        half = OnnxModel(onnx.load(str(folder / fused_file)))
+        half.convert_float_to_float16(keep_io_types=True)
+        fp16_file = f"{stem}.fp16.onnx"
+        half.save_model_to_file(str(folder / fp16_file))
+        files["fused"][graph], files["int8"][graph], files["fp16"][graph] = fused_file, int8_file, fp16_file
+    return files
+
+
+def _probe_feeds(session: Any, rows: int = 2, length: int = 9) -> dict[str, np.ndarray]:
+    """Inputs every graph here takes, without padding (a padding query's output is unspecified)."""
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in session.get_inputs():
+        shape = [d if isinstance(d, int) else (rows if i == 0 else length) for i, d in enumerate(spec.shape)]
+        if spec.name.startswith("past_"):
+            shape[2] = 0  # an empty past: the prefill
+        if spec.type == "tensor(int64)":
+            if "mask" in spec.name:
+                feeds[spec.name] = np.ones(shape, np.int64)
+            elif "position" in spec.name:
+                feeds[spec.name] = np.tile(np.arange(shape[1], dtype=np.int64), (shape[0], 1))
+            elif "token_type" in spec.name:
+                feeds[spec.name] = np.zeros(shape, np.int64)
+            else:
+                feeds[spec.name] = rng.integers(5, 100, shape, dtype=np.int64)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def parity(folder: Path, reference: dict[str, str], variant: dict[str, str]) -> float:
+    """Largest |variant - reference| over every output of every graph, on the same probe inputs."""
+    import onnxruntime as ort
+
+    worst = 0.0
+    for graph, ref_file in reference.items():
+        ref = ort.InferenceSession(str(folder / ref_file), providers=["CPUExecutionProvider"])
+        new = ort.InferenceSession(str(folder / variant[graph]), providers=["CPUExecutionProvider"])
+        feeds = _probe_feeds(ref)
+        for a, b in zip(ref.run(None, feeds), new.run(None, feeds), strict=True):
+            if a.size:
+                worst = max(worst, float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()))
+    return worst
+
+
+def _rule(task: str, reference: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    metric, tolerance, higher = RULES[task]
+    delta = {
+        k: round(float(measured[k]) - float(v), 4)
+        for k, v in reference.items()
+        if isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and isinstance(measured.get(k), int | float)
+        and k not in ("examples", "seconds", "windows", "tokens", "characters", "centroid_examples")
+    }
+    drop = -delta[metric] if higher else delta[metric]
+    passed = drop <= tolerance + 1e-9
+    reason = (
+        f"{metric} {measured[metric]:.4f} vs {reference[metric]:.4f} for the reference: "
+        f"{'within' if passed else 'beyond'} the allowed {'drop' if higher else 'rise'} of {tolerance:g}"
+    )
+    return {
+        "metric": metric,
+        "delta": delta,
+        "tolerance": tolerance,
+        "serve_by_default": passed,
+        "reason": reason,
+    }
+
+
+def _save(folder: Path, manifest: dict[str, Any]) -> None:
+    Manifest.model_validate(manifest)  # the contract, before the service ever sees it
+    import json
+
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def build_variants(
+    models_dir: Path,
+    name: str,
+    data_dir: Path,
+    split: str = "validation",
+    limit: int | None = None,
+    beam_size: int = 4,
+) -> dict[str, Any]:
+    """Write, check, evaluate and record the fused, int8 and fp16 variants of one model; returns them."""
+    import json
+
+    from .evaluate import evaluate_model
+
+    folder = models_dir / name
+    manifest = json.loads((folder / MANIFEST).read_text())
+    started = time.perf_counter()
+    for old in manifest.get("variants", {}).values():  # a rebuild replaces the files of the last one
+        for file in old["graphs"].values():
+            manifest["files"].pop(file, None)
+    files = _write_graphs(folder, manifest)
+    reference_files = {g: e["file"] for g, e in manifest["graphs"].items()}
+    for variant_files in files.values():
+        for file in variant_files.values():
+            path = folder / file
+            manifest["files"][file] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+    manifest["version"] = content_version(manifest["files"])
+    variants: dict[str, Any] = {}
+    for variant, graphs in files.items():
+        variants[variant] = {
+            "graphs": graphs,
+            "precision": PRECISIONS[variant],
+            "fused": True,
+            "devices": DEVICES[variant],
+            "method": METHODS[variant],
+            "op_counts": {
+                g: op_counts(onnx.load(str(folder / f), load_external_data=False)) for g, f in graphs.items()
+            },
+            "serve_by_default": False,
+            "reason": "not evaluated yet",
+        }
+    manifest["variants"] = variants
+    _save(folder, manifest)  # the files are listed and hashed: the folder loads while we evaluate
+
+    reference = evaluate_model(models_dir, name, data_dir, split, limit, beam_size)
+    manifest.setdefault("validation", {})[split] = reference  # the same graphs, stamped with the new version
+    cuda = _cuda_works(folder / files["fp16"][next(iter(files["fp16"]))])
+    for variant in variants:
+        record = variants[variant]
+        if variant != "fp16":
+            record["parity_max_abs_diff"] = parity(folder, reference_files, files[variant])
+        if variant == "fp16" and not cuda:
+            record["validation"] = None
+            record["reason"] = (
+                "not validated: no CUDA at export (the CPU provider has no fp16 kernels for it)"
+            )
+            continue
+        device = "cuda" if variant == "fp16" else "cpu"
+        measured = evaluate_model(
+            models_dir, name, data_dir, split, limit, beam_size, variant=variant, device=device
+        )
+        record["validation"] = {
+            k: v for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        record.update(_rule(manifest["task"], reference, measured))
+        log.info("%s %s: %s", name, variant, record["reason"])
+    _save(folder, manifest)
+    log.info("%s: variants written and evaluated in %.0f s", name, time.perf_counter() - started)
+    return variants

@@ -1,0 +1,144 @@
+"""The export's graph variants (model_export/variants.py) on the tiny models the real CLI builds.
+
+- the fusions really happened: op counts of the files on disk (every attention one op, no Softmax
+  left, LayerNorm and GELU fused), and the manifest records those counts;
+- fused fp32 computes what the reference computes (logits within 1e-4) and decodes the same greedy
+  tokens (GPT through the service's DecoderGraph, the translator through Seq2SeqModel);
+- int8 is recorded honestly: its metrics, their difference from the reference, and a
+  serve_by_default that is exactly the accuracy rule;
+- the service loads, by default on CPU, the variant the rule allows.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from model_export.variants import RULES, parity
+from service.engine.decoder_graph import DecoderGraph
+from service.engine.manifest import Manifest
+from service.engine.repository import load_model
+from service.engine.runtime import RuntimeOptions
+from service.engine.seq2seq import Seq2SeqModel
+
+MODELS = ["bert-classifier", "bert-embedder", "bert-qa", "bert-tagger", "gpt", "translator", "vit"]
+FUSED_FP32_TOLERANCE = 1e-4  # the same arithmetic regrouped: float32 rounding, logits of order 1-10
+
+
+def _manifest(tiny_models: Path, name: str) -> dict[str, Any]:
+    return json.loads((tiny_models / name / "manifest.json").read_text())
+
+
+def _ops(path: Path) -> collections.Counter[str]:
+    return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_has_validated_variants(tiny_models: Path, name: str) -> None:
+    manifest = _manifest(tiny_models, name)
+    Manifest.model_validate(manifest)
+    assert set(manifest["variants"]) == {"fused", "int8", "fp16"}
+    for variant in manifest["variants"].values():
+        assert set(variant["graphs"]) == set(manifest["graphs"])
+        for file in variant["graphs"].values():
+            assert (tiny_models / name / file).is_file() and file in manifest["files"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fusions_happened_in_every_graph(tiny_models: Path, name: str) -> None:
+    manifest = _manifest(tiny_models, name)
+    fused = manifest["variants"]["fused"]
+    for graph, entry in manifest["graphs"].items():
+        before = _ops(tiny_models / name / entry["file"])
+        after = _ops(tiny_models / name / fused["graphs"][graph])
+        assert dict(after) == fused["op_counts"][graph]  # the manifest records what is on disk
+        # Each attention block had one Softmax; now each is one Attention op (ONNX or contrib) and none is left.
+        assert before["Softmax"] > 0
+        assert after["Attention"] == before["Softmax"] and after["Softmax"] == 0, (graph, dict(after))
+        # LayerNorm (with the residual add where the pattern allows) and GELU are single ops.
+        layer_norms = (
+            after["LayerNormalization"] + after["SkipLayerNormalization"] + after["EmbedLayerNormalization"]
+        )
+        assert layer_norms >= before["LayerNormalization"] - after["EmbedLayerNormalization"]
+        assert after["Erf"] == 0 and after["BiasGelu"] + after["Gelu"] > 0
+        assert sum(after.values()) < sum(before.values())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fused_fp32_matches_the_reference(tiny_models: Path, name: str) -> None:
+    manifest = _manifest(tiny_models, name)
+    reference = {g: e["file"] for g, e in manifest["graphs"].items()}
+    diff = parity(tiny_models / name, reference, manifest["variants"]["fused"]["graphs"])
+    assert diff <= FUSED_FP32_TOLERANCE
+    assert manifest["variants"]["fused"]["parity_max_abs_diff"] <= FUSED_FP32_TOLERANCE
+
+
+def test_fused_gpt_decodes_the_reference_tokens(tiny_models: Path) -> None:
+    prompt = [5, 17, 42, 9]
+    tokens: dict[str, list[int]] = {}
+    for variant in ("reference", "fused", "int8"):
+        model = load_model(tiny_models / "gpt", RuntimeOptions(device="cpu", variant=variant))  # type: ignore[arg-type]
+        assert model.variant.name == variant
+        graph = DecoderGraph(model.graphs["model"], model.manifest)
+        logits, cache = graph.prefill([prompt, prompt[:2]])
+        out: list[int] = []
+        for _ in range(20):
+            step = np.argmax(logits, axis=-1).astype(np.int64)
+            out.append(int(step[0]))
+            logits, cache = graph.decode(step, cache)
+        tokens[variant] = out
+    assert tokens["fused"] == tokens["reference"]
+
+
+def test_fused_translator_decodes_the_reference_tokens(tiny_models: Path) -> None:
+    sources = [[12, 30, 7, 99, 3], [44, 5, 3]]
+    hypotheses = {}
+    for variant in ("reference", "fused"):
+        model = load_model(tiny_models / "translator", RuntimeOptions(device="cpu", variant=variant))  # type: ignore[arg-type]
+        seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
+        greedy = [h.tokens for h in seq2seq.greedy(sources, 16)]
+        beams = [[h.tokens for h in hs] for hs in seq2seq.beam_search(sources, 3, 16, num_return=2)]
+        hypotheses[variant] = (greedy, beams)
+    assert hypotheses["fused"] == hypotheses["reference"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_accuracy_rule_is_recorded_as_measured(tiny_models: Path, name: str) -> None:
+    manifest = _manifest(tiny_models, name)
+    metric, tolerance, higher = RULES[manifest["task"]]
+    reference = manifest["validation"]["validation"]
+    for variant_name in ("fused", "int8"):
+        v = manifest["variants"][variant_name]
+        assert v["metric"] == metric and v["tolerance"] == tolerance
+        assert v["delta"][metric] == pytest.approx(v["validation"][metric] - reference[metric], abs=1e-3)
+        drop = -v["delta"][metric] if higher else v["delta"][metric]
+        assert v["serve_by_default"] == (drop <= tolerance + 1e-9)
+        assert np.isfinite(v["parity_max_abs_diff"])
+    fp16 = manifest["variants"]["fp16"]
+    assert fp16["validation"] is None and not fp16["serve_by_default"]  # no CUDA here: not validated
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_service_serves_the_variant_the_rule_allows_on_cpu(tiny_models: Path, name: str) -> None:
+    manifest = _manifest(tiny_models, name)
+    expected = next(
+        (v for v in ("int8", "fused") if manifest["variants"][v]["serve_by_default"]), "reference"
+    )
+    model = load_model(tiny_models / name, RuntimeOptions(device="cpu"))
+    assert model.variant.name == expected
+    assert model.graphs[next(iter(model.graphs))].path.name == manifest_file(manifest, expected)
+
+
+def manifest_file(manifest: dict[str, Any], variant: str) -> str:
+    graph = next(iter(manifest["graphs"]))
+    return (
+        manifest["graphs"][graph]["file"]
+        if variant == "reference"
+        else manifest["variants"][variant]["graphs"][graph]
+    )
