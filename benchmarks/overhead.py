@@ -113,7 +113,8 @@ def run(opts: Options) -> Result:
 
     # The raw side runs after the server has stopped: the model has the machine to itself, as it had
     # the server's share of it. Same ONNX Runtime options as the server.
-    spinning = Settings().intra_op_spinning  # INTRA_OP_SPINNING, as the server read it from the same environment
+    # INTRA_OP_SPINNING, as the server read it from the same environment
+    spinning = Settings().intra_op_spinning
     options = RuntimeOptions(device=opts.device, intra_op_threads=opts.threads, spinning=spinning)  # type: ignore[arg-type]
     model = load_model(folder, options)
     raw = RawClassifier(model)

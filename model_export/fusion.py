@@ -166,12 +166,15 @@ def fuse_attention(model: onnx.ModelProto) -> int:
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Remove nodes none of whose outputs is used (what the rewrite left behind)."""
+    """Remove nodes none of whose outputs is used, then initializers nothing reads (what the rewrite left)."""
     outputs = {o.name for o in graph.output}
     while True:
         used = {name for node in graph.node for name in node.input} | outputs
         dead = [n for n in graph.node if not any(o in used for o in n.output)]
         if not dead:
+            unread = [i for i in graph.initializer if i.name not in used]
+            for init in unread:
+                graph.initializer.remove(init)
             return
         ids = {id(n) for n in dead}
         kept = [n for n in graph.node if id(n) not in ids]

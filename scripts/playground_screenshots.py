@@ -75,8 +75,10 @@ def main() -> int:
                 meta = driver.find_element(By.ID, f"{panel}-meta")
                 driver.find_element(By.ID, f"{panel}-go").click()
                 WebDriverWait(driver, 120).until(
-                    lambda _, meta=meta, panel=panel: (meta.text.startswith("model ") and "streaming" not in meta.text)
-                    or driver.find_elements(By.CSS_SELECTOR, f"#{panel}-out .error")
+                    lambda _, meta=meta, panel=panel: (
+                        (meta.text.startswith("model ") and "streaming" not in meta.text)
+                        or driver.find_elements(By.CSS_SELECTOR, f"#{panel}-out .error")
+                    )
                 )
                 section = driver.find_element(By.ID, panel)
                 path = args.out / f"{panel}.png"

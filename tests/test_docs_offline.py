@@ -28,9 +28,9 @@ _ANY_ABSOLUTE = re.compile(r"""["'(]((?:https?:)?//[^"')\s]+)""", re.I)
 
 @pytest.fixture(scope="module")
 def docs(tiny_models: Path) -> Iterator[tuple[str, httpx.Client]]:
-    with LiveServer(Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, API_KEYS="k1")) as server:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            yield server.url, client
+    settings = Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, API_KEYS="k1")
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        yield server.url, client
 
 
 def _references(html: str) -> list[str]:
@@ -44,7 +44,9 @@ def test_a_docs_page_references_no_outside_host(docs: tuple[str, httpx.Client], 
     assert response.status_code == 200, response.text[:300]
     assert response.headers["content-type"].startswith("text/html")
     html = response.text
-    outside = [u for u in _ANY_ABSOLUTE.findall(html) if urlparse(urljoin(url, u)).netloc != urlparse(url).netloc]
+    outside = [
+        u for u in _ANY_ABSOLUTE.findall(html) if urlparse(urljoin(url, u)).netloc != urlparse(url).netloc
+    ]
     assert not outside, f"{page} references other hosts: {outside}"
     local = [u for u in _references(html) if not u.startswith(("data:", "#"))]
     assert any(u.endswith(".js") for u in local), f"{page} loads no script: {local}"

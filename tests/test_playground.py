@@ -221,14 +221,18 @@ def test_the_page_fetched_nothing_from_other_hosts(browser: Any, server: LiveSer
     ("page", "title_selector"),
     [("/schema/swagger", ".swagger-ui .info .title"), ("/schema/redoc", "h1"), ("/schema", "h1")],
 )
-def test_the_docs_pages_render_offline(browser: Any, server: LiveServer, page: str, title_selector: str) -> None:
+def test_the_docs_pages_render_offline(
+    browser: Any, server: LiveServer, page: str, title_selector: str
+) -> None:
     """Not a blank page: the UI (vendored JavaScript) renders the document's title and operations."""
     from selenium.webdriver.common.by import By
 
     browser.get(f"{server.url}{page}")
     title = _wait(
         browser,
-        lambda b: [e for e in b.find_elements(By.CSS_SELECTOR, title_selector) if "Transformer serving" in e.text],
+        lambda b: [
+            e for e in b.find_elements(By.CSS_SELECTOR, title_selector) if "Transformer serving" in e.text
+        ],
     )
     assert title
     assert "/v1/classify" in browser.find_element(By.TAG_NAME, "body").text

@@ -66,7 +66,9 @@ def test_a_variant_that_failed_the_rule_is_passed_over(tiny_models: Path) -> Non
         },
     )
     assert choose_variant(m, "cpu").name == "fused"
-    no_fused = _manifest(tiny_models, {"int8": _variant({"model": "model.int8.onnx"}, "int8", ["cpu"], False)})
+    no_fused = _manifest(
+        tiny_models, {"int8": _variant({"model": "model.int8.onnx"}, "int8", ["cpu"], False)}
+    )
     chosen = choose_variant(no_fused, "cpu")
     assert (chosen.name, chosen.precision, chosen.files) == ("reference", "fp32", {"model": "model.onnx"})
     assert "0.05" in chosen.reason  # says why int8 is not served
@@ -107,6 +109,6 @@ def test_a_manifest_cannot_name_a_variant_that_does_not_match(
 
 def test_variant_files_must_be_listed_and_hashed(tiny_models: Path) -> None:
     raw = json.loads((tiny_models / "bert-classifier" / "manifest.json").read_text())
-    raw["variants"] = {"int8": _variant({"model": "model.int8.onnx"}, "int8", ["cpu"], True)}
+    raw["variants"] = {"int8": _variant({"model": "model.unlisted.onnx"}, "int8", ["cpu"], True)}
     with pytest.raises(ValidationError, match="not in the manifest's files"):
         Manifest.model_validate(raw)

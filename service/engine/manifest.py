@@ -185,6 +185,7 @@ class Variant(_Section):
     delta: dict[str, float] | None = None  # variant - reference, per metric
     tolerance: float | None = None  # the largest allowed drop of ``metric``
     parity_max_abs_diff: float | None = None  # vs the reference graphs, on the parity inputs
+    batch_max_abs_diff: float | None = None  # a row run in a batch vs the same row alone
     serve_by_default: bool = False
     reason: str = ""  # why it is (or is not) served by default, in words
 
