@@ -200,6 +200,7 @@ def test_inference_error_fails_only_its_request(model_repo: Path, tmp_path: Path
         "MAX_QUEUE_DELAY_MS": "500",  # the concurrent requests below share one batch
         "MAX_BATCH_SIZE": "16",
         "CACHE_ENABLED": "false",
+        "MODEL_VARIANT": "reference",  # the graph broken above (by default a fused variant serves)
     }
     with ServiceProcess(free_port(), env, tmp_path / "service.log") as service:
         texts = [*good, culprit]
