@@ -72,17 +72,7 @@ def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
         precision=m.variant.precision,
         variant_reason=m.variant.reason,
         variants={
-            name: VariantOut(
-                precision=v.precision,
-                fused=v.fused,
-                devices=list(v.devices),
-                metric=v.metric,
-                validation=v.validation,
-                delta=v.delta,
-                tolerance=v.tolerance,
-                serve_by_default=v.serve_by_default,
-                reason=v.reason,
-            )
+            name: VariantOut.model_validate(v, from_attributes=True)  # the manifest's record, its public part
             for name, v in m.manifest.variants.items()
         },
         labels=m.manifest.labels or None,

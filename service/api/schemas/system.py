@@ -8,6 +8,8 @@ from pydantic import BaseModel, Field
 
 
 class VariantOut(BaseModel):
+    """The public part of a manifest's variant record (``service.engine.manifest.Variant``)."""
+
     precision: str
     fused: bool
     devices: list[str]
@@ -15,6 +17,9 @@ class VariantOut(BaseModel):
     validation: dict[str, float] | None = Field(description="This variant's metrics (null: not measured)")
     delta: dict[str, float] | None = Field(description="Variant minus reference, per metric")
     tolerance: float | None = Field(description="The largest drop of `metric` the rule allows")
+    batch_max_abs_diff: float | None = Field(
+        default=None, description="How far a row's outputs move with what shares its batch (fp32: 0)"
+    )
     serve_by_default: bool
     reason: str
 
