@@ -255,7 +255,17 @@ def main(argv: list[str] | None = None) -> int:
 
             for ctx in built:
                 limit = ctx.recipe.eval_limit
-                build_variants(Path(args.out), ctx.name, ctx.data_dir, "validation", limit, beam)
+                folder = Path(args.out) / ctx.name
+                exported = (folder / "manifest.json").read_text()
+                try:
+                    build_variants(Path(args.out), ctx.name, ctx.data_dir, "validation", limit, beam)
+                except Exception:  # an optimization, not the model: keep the exported, checked folder
+                    log.exception("%s: the variants stage failed; it serves its reference graphs", ctx.name)
+                    (folder / "manifest.json").write_text(exported)
+                    for variant in ("fused", "int8", "fp16"):
+                        for file in folder.glob(f"*.{variant}.onnx"):
+                            file.unlink()
+                    continue
                 results[ctx.name] = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())[
                     "validation"
                 ]["validation"]  # the same figures, stamped with the version that lists the variants
