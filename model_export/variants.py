@@ -291,7 +291,7 @@ def build_variants(
         variants[variant] = {
             "graphs": graphs,
             "precision": PRECISIONS[variant],
-            "fused": True,
+            "fused": methods[variant] == METHODS[variant],  # false where int8 fell back to the reference
             "devices": DEVICES[variant],
             "method": methods[variant],
             "op_counts": {
