@@ -34,13 +34,18 @@ def scaled_dot_product_attention(
     query) finite: it averages the values instead of producing NaN, and real
     tokens never look at those rows.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1)
+    weights = attention_probabilities(q, k, mask)
     if dropout is not None:
         weights = dropout(weights)
     return weights @ v  # (B, H, T, Dh)
+
+
+def attention_probabilities(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh)) over the keys, masked keys at the dtype's minimum: (B, H, T, S)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1)
 
 
 def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -66,7 +71,14 @@ class MultiHeadAttention(nn.Module):
     result as `present` (the KV cache). Cross-attention takes keys/values
     already projected from the encoder output (`memory_kv`), so a decoder
     computes them once per request instead of once per step.
+
+    ``record_weights`` (off by default, and off in every served fast-path graph) makes the
+    evaluation path keep its attention probabilities (B, H, T, S) in ``last_weights``: the
+    attention-map graph (``attention_graphs.py``) returns them as outputs.
     """
+
+    record_weights = False
+    last_weights: torch.Tensor | None = None
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -108,6 +120,9 @@ class MultiHeadAttention(nn.Module):
             # Training uses PyTorch's fused kernel (same mathematics, a fraction of the time and memory);
             # export and evaluation trace the explicit lecture formula above, which the ONNX graph keeps.
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout.p)
+        elif self.record_weights:
+            self.last_weights = attention_probabilities(q, k, mask)  # (B, H, T, S)
+            out = self.dropout(self.last_weights) @ v
         else:
             out = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, H, T, Dh)
         b, _, t, _ = out.shape

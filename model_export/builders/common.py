@@ -190,10 +190,16 @@ def export_model(ctx: BuildContext[Any], trained: Trained, graphs: dict[str, Gra
     for role, spec in graphs.items():
         exported[role] = export_graph(spec, build_dir)
         served.append(spec.file)
+    from ..attention_graphs import export_attention_maps  # it builds on the builders: imported late
+
+    attention_maps = export_attention_maps(trained, build_dir, ctx.seed)  # None: a model without maps
+    if attention_maps is not None:
+        served.append(attention_maps["file"])
     manifest = {
         "name": ctx.name,
         **trained.manifest,
         "graphs": exported,
+        **({"attention_maps": attention_maps} if attention_maps is not None else {}),
         "training": {
             "profile": ctx.profile,
             "seed": ctx.seed,

@@ -158,6 +158,27 @@ class EmbeddingSpec(_Section):
     pooled_output: str = "mean_pooled"
 
 
+class AttentionMapsSpec(GraphEntry):
+    """``attention.onnx``: the fp32 reference graph exported with attention probabilities as outputs.
+
+    Written by ``model_export/attention_graphs.py`` beside the served graphs, never optimized (not in
+    ``graphs``, so no variant has it); the service opens it only for requests with ``return_attention``.
+    One output per layer, ``output.format(i=layer)``, shaped (batch, num_heads, queries, keys), each
+    row a softmax over the keys. ``kind``: "cross" (translator: target positions over source tokens;
+    inputs ``input_ids``, ``attention_mask``, ``decoder_input_ids``) or "self" (BERT: tokens over
+    tokens; ViT: [CLS] + patches over the same, row 0 is [CLS]).
+    """
+
+    kind: Literal["cross", "self"]
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    output: str = "attention.{i}"
+
+    @property
+    def output_names(self) -> list[str]:
+        return [self.output.format(i=i) for i in range(self.num_layers)]
+
+
 Precision = Literal["fp32", "int8", "fp16"]
 Device = Literal["cpu", "cuda"]
 VARIANT_NAMES = ("fused", "int8", "fp16")  # besides the reference: the fp32 graphs exactly as exported
@@ -215,6 +236,7 @@ class Manifest(BaseModel):
     qa: QASpec | None = None
     preprocessing: Preprocessing | None = None
     embedding: EmbeddingSpec | None = None
+    attention_maps: AttentionMapsSpec | None = None  # optional: attention.onnx (return_attention)
     variants: dict[str, Variant] = Field(default_factory=dict)  # name (VARIANT_NAMES) -> variant
 
     @model_validator(mode="after")
@@ -235,6 +257,12 @@ class Manifest(BaseModel):
             unlisted = [f for f in variant.graphs.values() if f not in self.files]
             if unlisted:
                 raise ValueError(f"variant {name}: files {unlisted} are not in the manifest's files")
+        maps = self.attention_maps
+        if maps is not None:
+            if maps.file not in self.files:
+                raise ValueError(f"attention_maps file {maps.file} is not in the manifest's files")
+            if [o.name for o in maps.outputs] != maps.output_names:
+                raise ValueError(f"attention_maps outputs are not {maps.output_names}")
         return self
 
     def token(self, name: str) -> int:
