@@ -36,6 +36,7 @@ from service.engine.manifest import MANIFEST, Manifest, content_version, file_sh
 from service.engine.variants import VariantChoice
 
 from .fusion import fuse_attention, op_counts, optimize
+from .inplace_kv import rewrite_inplace, step_difference
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,10 @@ INT8_PER_CHANNEL = True
 BATCH_TOLERANCE = 1e-4  # what the service's batched-vs-alone parity tests allow
 DEVICES = {"fused": ["cpu", "cuda"], "int8": ["cpu"], "fp16": ["cuda"]}
 PRECISIONS = {"fused": "fp32", "int8": "int8", "fp16": "fp16"}
+# Variants that get an in-place KV step graph (GroupQueryAttention: its CUDA kernel is fp16/bf16 only,
+# and the fp16 graph keeps float32 inputs, so its cache would be cast, i.e. copied, every step)
+INPLACE_VARIANTS = ("fused", "int8")
+INPLACE_TASKS = {"text-generation": "model"}  # task -> its decoder graph
 
 
 _cuda: dict[str, bool] = {}
@@ -157,6 +162,39 @@ def _write_graphs(folder: Path, manifest: dict[str, Any]) -> tuple[dict[str, dic
         half.save_model_to_file(str(folder / fp16_file))
         files["fused"][graph], files["int8"][graph], files["fp16"][graph] = fused_file, int8_file, fp16_file
     return files, methods
+
+
+def _write_inplace(
+    folder: Path, manifest: dict[str, Any], files: dict[str, dict[str, str]]
+) -> dict[str, dict[str, str]]:
+    """Each CPU variant's decoder as an in-place KV step graph (``inplace_kv.py``); variant -> graph -> file."""
+    graph = INPLACE_TASKS.get(manifest["task"])
+    kv = manifest.get("kv_cache")
+    written: dict[str, dict[str, str]] = {}
+    if graph is None or kv is None:
+        return written
+    past_names = [
+        n.format(i=i) for i in range(int(kv["num_layers"])) for n in (kv["past_key"], kv["past_value"])
+    ]
+    for variant in INPLACE_VARIANTS:
+        source = files[variant][graph]
+        model = onnx.load(str(folder / source))
+        try:
+            rewritten = rewrite_inplace(model, int(kv["num_heads"]), int(kv["head_dim"]), past_names)
+        except ValueError as exc:
+            log.warning("%s %s: no in-place KV step graph: %s", folder.name, variant, exc)
+            continue
+        target = source.removesuffix(".onnx") + ".inplace.onnx"
+        onnx.save(model, str(folder / target))
+        written[variant] = {graph: target}
+        log.info(
+            "%s/%s %s: %d attention(s) now update the KV cache in place",
+            folder.name,
+            graph,
+            variant,
+            rewritten,
+        )
+    return written
 
 
 def _probe_feeds(session: Any, rows: int = 2, length: int = 9) -> dict[str, np.ndarray]:
@@ -279,9 +317,13 @@ def build_variants(
     for old in manifest.get("variants", {}).values():  # a rebuild replaces the files of the last one
         for file in old["graphs"].values():
             manifest["files"].pop(file, None)
+    for old in manifest.get("variants", {}).values():
+        for file in old.get("inplace_decode", {}).values():
+            manifest["files"].pop(file, None)
     files, methods = _write_graphs(folder, manifest)
+    inplace = _write_inplace(folder, manifest, files)
     reference_files = {g: e["file"] for g, e in manifest["graphs"].items()}
-    for variant_files in files.values():
+    for variant_files in (*files.values(), *inplace.values()):
         for file in variant_files.values():
             path = folder / file
             manifest["files"][file] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
@@ -300,6 +342,12 @@ def build_variants(
             "serve_by_default": False,
             "reason": "not evaluated yet",
         }
+        if variant in inplace:
+            variants[variant]["inplace_decode"] = inplace[variant]
+            variants[variant]["inplace_max_abs_diff"] = max(
+                step_difference(str(folder / graphs[g]), str(folder / f), manifest["kv_cache"])
+                for g, f in inplace[variant].items()
+            )
     manifest["variants"] = variants
     _save(folder, manifest)  # the files are listed and hashed: the folder loads while we evaluate
 

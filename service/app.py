@@ -75,6 +75,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         inter_op_threads=settings.inter_op_threads,
         variant=settings.model_variant,
         spinning=settings.intra_op_spinning,
+        kv_cache=settings.kv_cache,
     )
 
 

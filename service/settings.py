@@ -59,6 +59,12 @@ class Settings(BaseSettings):
         "passed the export's accuracy rule (CPU: int8, then fused; CUDA: fp16, then fused), else the fp32 "
         "reference; a name serves that variant where the model has it",
     )
+    kv_cache: Literal["inplace", "concat"] = Field(
+        default="inplace",
+        description="How a decoder's KV cache grows on CPU: inplace writes each step's keys/values into a "
+        "buffer preallocated per running batch (where the served variant has that step graph), concat "
+        "copies the past into a new tensor every step (the exported graphs' own way; always on CUDA)",
+    )
     inter_op_threads: int = Field(default=1, ge=0)
     intra_op_spinning: bool = Field(
         default=True,
@@ -109,6 +115,12 @@ class Settings(BaseSettings):
         description="Per request: items x max_new_tokens (x beam_size when translating) at most this",
     )
     max_body_bytes: int = Field(default=4 * MiB, ge=1024, description="Request body limit (413 beyond)")
+    attention_max_tokens: int = Field(
+        default=128,
+        ge=2,
+        description="return_attention: the most tokens (or patches + [CLS]) an input may have, and the most "
+        "target tokens a translation's map may have (max_new_tokens at most this - 1)",
+    )
     max_image_bytes: int = Field(default=2 * MiB, ge=1, description="Encoded bytes per image")
     max_image_pixels: int = Field(
         default=4096 * 4096, ge=1, description="Width x height per image, read from the header"

@@ -76,7 +76,7 @@ class GenerationEngine(ModelWorker):
         self.vocab_size = int(manifest.config.get("vocab_size") or model.tokenizer.get_vocab_size())
         self.max_running = max_running
         self.queue_timeout_s = queue_timeout_s
-        self._batch = RunningBatch(DecoderGraph(model.graphs["model"], manifest))
+        self._batch = RunningBatch(DecoderGraph(model.graphs["model"], manifest, model.inplace.get("model")))
         self._waiting: deque[SequenceState] = deque()
         self._prefilling: list[SequenceState] = []
         self.cancelled_sequences = 0

@@ -4,6 +4,11 @@ On CPU the cache goes in and out as numpy arrays; on CUDA it stays on the device
 between steps (IO binding) and only the logits come back to the host. Every
 position's logits come back (a decoding step has one); the sampler reads the last,
 prompt log-probabilities (``prefill_all``) read the others at no extra cost.
+
+Where the served variant has an in-place step graph (``LoadedModel.inplace``), the
+prefill still runs the graph above, and its cache moves into a ``KVBuffer`` that every
+decoding step updates in place (IO binding of ``past`` and ``present`` to the same
+memory): no step copies the past.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .kv_cache import CacheLayout, KVCache, positions_from_mask, to_host
+from .kv_cache import CacheLayout, KVBuffer, KVCache, positions_from_mask, to_host
 from .manifest import Manifest, required
 from .runtime import Graph, ort
 
@@ -66,13 +71,63 @@ def cuda_step(graph: Graph, layout: CacheLayout) -> StepFn:
     return step
 
 
-class DecoderGraph:
-    """The KV-cached GPT graph: a batched prefill with an empty past, and one decoding step."""
+# (input_ids (B,), buffer) -> logits (B, V); the buffer holds one more column per row afterwards
+InPlaceStepFn = Callable[[np.ndarray, KVBuffer], np.ndarray]
 
-    def __init__(self, graph: Graph, manifest: Manifest) -> None:
+
+def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
+    """CPU path of the in-place step graph: ``past_*`` and ``present_*`` bound to the same buffer memory.
+
+    GroupQueryAttention sees ``past`` and ``present`` share one buffer and writes only the new
+    column of each row, at ``seqlens_k`` (the row's length), attending over that row's prefix.
+    """
+    logits_name = graph.output_names[0]
+    element = layout.dtype.type
+
+    def step(tokens: np.ndarray, buffer: KVBuffer) -> np.ndarray:
+        rows, lengths = buffer.rows, buffer.lengths
+        binding = graph.session.io_binding()
+        binding.bind_cpu_input("input_ids", tokens.reshape(rows, 1).astype(np.int64))
+        binding.bind_cpu_input("position_ids", lengths.reshape(rows, 1))  # a row's next position
+        binding.bind_cpu_input("seqlens_k", lengths.astype(np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(int(lengths.max()) + 1, dtype=np.int32))
+        binding.bind_output(logits_name, "cpu")  # first: get_outputs() keeps the order bound
+        for past, present, array in zip(layout.past_names, layout.present_names, buffer.buffers, strict=True):
+            shape = [rows, *array.shape[1:]]  # the live rows: the buffer's first `rows`, contiguous
+            binding.bind_input(past, "cpu", 0, element, shape, array.ctypes.data)
+            binding.bind_output(present, "cpu", 0, element, shape, array.ctypes.data)
+        graph.session.run_with_iobinding(binding)
+        buffer.lengths = lengths + 1
+        return binding.get_outputs()[0].numpy()  # (B, 1, V)
+
+    return step
+
+
+class DecoderGraph:
+    """The KV-cached GPT graph: a batched prefill with an empty past, and one decoding step.
+
+    With an in-place step graph, ``start`` moves a prefill's cache into a ``KVBuffer`` and ``decode``
+    updates it in place; otherwise caches stay ``KVCache`` and every step concatenates.
+    """
+
+    def __init__(
+        self, graph: Graph, manifest: Manifest, inplace: Graph | None = None, max_length: int | None = None
+    ) -> None:
         self.layout = CacheLayout.of(required(manifest.kv_cache))
         self.pad_id = manifest.special_tokens.get("pad", manifest.token("eos"))
+        self.max_length = max_length or required(manifest.max_sequence_length)
         self._step = cuda_step(graph, self.layout) if graph.on_cuda else host_step(graph, self.layout)
+        self._inplace = inplace_step(inplace, self.layout) if inplace is not None else None
+
+    @property
+    def in_place(self) -> bool:
+        return self._inplace is not None
+
+    def start(self, cache: KVCache) -> KVCache | KVBuffer:
+        """The running batch's cache from its first prefilled rows: a buffer where steps run in place."""
+        if self._inplace is None:
+            return cache
+        return KVBuffer(self.layout, self.max_length, capacity=max(8, cache.rows)).extend(cache)
 
     def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, KVCache]:
         """Left-padded prompts with an empty past -> logits of each prompt's last token (n, V) and its cache."""
@@ -93,8 +148,11 @@ class DecoderGraph:
         )
         return logits, KVCache(present, lengths, width)
 
-    def decode(self, tokens: np.ndarray, cache: KVCache) -> tuple[np.ndarray, KVCache]:
-        """One new token per row (B,) -> logits (B, V) and the cache one column wider."""
+    def decode(self, tokens: np.ndarray, cache: KVCache | KVBuffer) -> tuple[np.ndarray, KVCache | KVBuffer]:
+        """One new token per row (B,) -> logits (B, V) and the cache one column wider (a buffer: in place)."""
+        if isinstance(cache, KVBuffer):
+            assert self._inplace is not None, "a KVBuffer needs the in-place step graph"
+            return self._inplace(tokens, cache)[:, -1, :], cache
         mask = cache.attention_mask(new=1)  # (B, W + 1)
         logits, present = self._step(
             tokens.reshape(-1, 1).astype(np.int64), mask, positions_from_mask(mask, 1), cache.tensors

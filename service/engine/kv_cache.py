@@ -6,6 +6,15 @@ A decoder graph takes one ``past_key.{i}`` / ``past_value.{i}`` tensor per layer
 this module: the GPT engine (left-padded rows that join and leave the batch at
 any step, ``KVCache``) and the translator's greedy and beam search
 (``CacheLayout.empty`` for the first step).
+
+Two ways for the cache to grow by a column. ``KVCache``: the exported graphs' own,
+``Concat(past, new)`` into a new ``present`` tensor, so every step copies the whole
+past. ``KVBuffer``: one buffer per past name preallocated for the running batch,
+(rows, H, max_length, Dh), that the in-place step graph (``model_export/inplace_kv.py``,
+GroupQueryAttention) writes each new column into, reading only each row's valid
+prefix; a step then costs what its attention costs, whatever the past's size.
+Both offer ``keep(rows)`` (rows leave) and ``extend(cache)`` (prefilled rows join)
+to the running batch.
 """
 
 from __future__ import annotations
@@ -84,6 +93,12 @@ class KVCache:
         pad = ((0, 0), (0, 0), (width - self.width, 0), (0, 0))
         return [np.pad(t, pad) for t in host]
 
+    def keep(self, rows: Sequence[int]) -> KVCache:
+        return self.select(rows)
+
+    def extend(self, joining: KVCache) -> KVCache:
+        return KVCache.merge(self, joining)
+
     @staticmethod
     def merge(first: KVCache, second: KVCache) -> KVCache:
         """Rows of ``first`` then ``second``, both padded on the left to the wider of the two."""
@@ -93,6 +108,68 @@ class KVCache:
             for a, b in zip(first.padded(width), second.padded(width), strict=True)
         ]
         return KVCache(tensors, np.concatenate([first.lengths, second.lengths]), width)
+
+
+class KVBuffer:
+    """The in-place cache of a running batch: row i's keys/values fill columns ``[0, lengths[i])``.
+
+    One C-contiguous numpy buffer per past name, (capacity, H, max_length, Dh); the live rows are
+    the first ``rows``, so the step graph is bound to the buffers' own memory for both ``past`` and
+    ``present`` and writes each row's new column at ``lengths[i]``. Rows are left-aligned (a row's
+    valid prefix has no padding) and the columns past a row's length are never read. Joining copies a
+    prefilled row's real tokens in; leaving moves later rows' prefixes down over the gap; capacity
+    doubles when the rows outgrow it. ``max_length`` is the model's context, which a sequence never
+    exceeds (``SequenceState.limit``), so a step never writes past the end.
+    """
+
+    def __init__(self, layout: CacheLayout, max_length: int, capacity: int = 8) -> None:
+        self.layout = layout
+        self.max_length = max_length
+        self.buffers = [self._allocate(capacity) for _ in layout.past_names]
+        self.lengths = np.zeros(0, dtype=np.int64)  # (rows,)
+
+    def _allocate(self, capacity: int) -> np.ndarray:
+        shape = (capacity, self.layout.num_heads, self.max_length, self.layout.head_dim)
+        return np.zeros(shape, self.layout.dtype)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[0]
+
+    @property
+    def width(self) -> int:
+        return int(self.lengths.max(initial=0))
+
+    def extend(self, joining: KVCache) -> KVBuffer:
+        """Append ``joining``'s rows (a prefill's right-aligned cache) after the live ones."""
+        start, new = self.rows, joining.rows
+        assert int(joining.lengths.max(initial=0)) <= self.max_length, "a row longer than the buffer"
+        if start + new > self.capacity:
+            capacity = max(2 * self.capacity, start + new)
+            grown = [self._allocate(capacity) for _ in self.buffers]
+            for old, bigger in zip(self.buffers, grown, strict=True):
+                bigger[:start, :, : self.width] = old[:start, :, : self.width]
+            self.buffers = grown
+        for buffer, tensor in zip(self.buffers, joining.padded(joining.width), strict=True):
+            for row, length in enumerate(joining.lengths.tolist()):
+                buffer[start + row, :, :length] = tensor[row, :, joining.width - length :]
+        self.lengths = np.concatenate([self.lengths, joining.lengths])
+        return self
+
+    def keep(self, rows: Sequence[int]) -> KVBuffer:
+        """Keep ``rows`` (ascending), moved down to be the first ``len(rows)``: a copy of each moved prefix."""
+        assert list(rows) == sorted(rows), "rows keep their order"
+        for target, source in enumerate(rows):
+            if target != source:
+                length = int(self.lengths[source])
+                for buffer in self.buffers:  # target < source: never overwrites a row still to move
+                    buffer[target, :, :length] = buffer[source, :, :length]
+        self.lengths = self.lengths[np.asarray(rows, dtype=np.int64)]
+        return self
 
 
 def positions_from_mask(mask: np.ndarray, new: int) -> np.ndarray:

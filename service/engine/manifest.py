@@ -209,6 +209,11 @@ class Variant(_Section):
     batch_max_abs_diff: float | None = None  # a row run in a batch vs the same row alone
     serve_by_default: bool = False
     reason: str = ""  # why it is (or is not) served by default, in words
+    # Decoders only: graph name -> a decoding-step graph of this variant whose KV cache is a preallocated
+    # buffer updated in place (``model_export/inplace_kv.py``; CPU), and its largest difference from this
+    # variant's own Concat step on the same past (logits and the new keys/values)
+    inplace_decode: dict[str, str] = Field(default_factory=dict)
+    inplace_max_abs_diff: float | None = None
 
 
 class Manifest(BaseModel):
@@ -254,7 +259,9 @@ class Manifest(BaseModel):
                 raise ValueError(
                     f"variant {name} has graphs {sorted(variant.graphs)}, not {sorted(self.graphs)}"
                 )
-            unlisted = [f for f in variant.graphs.values() if f not in self.files]
+            unlisted = [
+                f for f in (*variant.graphs.values(), *variant.inplace_decode.values()) if f not in self.files
+            ]
             if unlisted:
                 raise ValueError(f"variant {name}: files {unlisted} are not in the manifest's files")
         maps = self.attention_maps

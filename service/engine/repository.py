@@ -7,9 +7,10 @@ manifest names is refused with one clear log line; the other folders load.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -34,6 +35,11 @@ class LoadedModel:
     graphs: dict[str, Graph]
     tokenizer: Tokenizer | None
     variant: ServedVariant  # which copy of the graphs these sessions run (service.engine.variants)
+    # graph name -> its decoding step with the KV cache updated in place (CPU, KV_CACHE=inplace, where
+    # the served variant has one): the engine decodes with it and prefills with ``graphs``
+    inplace: dict[str, Graph] = field(default_factory=dict)
+    # attention.onnx (the manifest's attention_maps), on CPU, run only for requests with return_attention
+    attention: Graph | None = None
 
     @property
     def task(self) -> str:
@@ -85,7 +91,7 @@ def verify_files(model_dir: Path, manifest: Manifest, check_hashes: bool = True)
         if graph.file not in files:
             raise ModelLoadError(f"graph {role} file {graph.file} is not among the hashed files")
     for name, variant in manifest.variants.items():
-        for role, file in variant.graphs.items():
+        for role, file in (*variant.graphs.items(), *variant.inplace_decode.items()):
             if file not in files:
                 raise ModelLoadError(f"variant {name} graph {role} file {file} is not among the hashed files")
     if manifest.task in TEXT_TASKS and "tokenizer.json" not in files:
@@ -114,6 +120,25 @@ def _open_graphs(
     return graphs
 
 
+def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions) -> Graph | None:
+    """The attention-map graph, when the export wrote one: always on CPU (it is off the fast path)."""
+    spec = manifest.attention_maps
+    if spec is None:
+        return None
+    try:
+        graph = Graph(model_dir / spec.file, dataclasses.replace(options, device="cpu"))
+    except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
+        raise ModelLoadError(f"ONNX Runtime cannot load {spec.file}: {exc}") from exc
+    for kind, declared, actual in (
+        ("input", spec.inputs, graph.input_names),
+        ("output", spec.outputs, graph.output_names),
+    ):
+        names = [io.name for io in declared]
+        if names != actual:
+            raise ModelLoadError(f"{spec.file} {kind}s are {actual}, the manifest says {names}")
+    return graph
+
+
 def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
     return "cuda" if all(g.on_cuda for g in graphs.values()) else "cpu"
 
@@ -138,6 +163,14 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
             landed,
             variant.reason,
         )
+    inplace: dict[str, Graph] = {}
+    if options.kv_cache == "inplace" and landed == "cpu":
+        for role, file in variant.inplace_decode.items():
+            try:
+                inplace[role] = Graph(model_dir / file, options)
+            except Exception as exc:
+                raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
+    attention = _open_attention(model_dir, manifest, options)
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
         try:
@@ -147,7 +180,7 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
     name = manifest.name or model_dir.name
     if name != model_dir.name:
         raise ModelLoadError(f"manifest name {name!r} differs from the folder name {model_dir.name!r}")
-    return LoadedModel(name, model_dir, manifest, graphs, tokenizer, variant)
+    return LoadedModel(name, model_dir, manifest, graphs, tokenizer, variant, inplace, attention=attention)
 
 
 def load_repository(

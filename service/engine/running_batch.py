@@ -18,7 +18,7 @@ from .decoder_graph import DecoderGraph
 from .detokenizer import IncrementalDetokenizer
 from .generation_contract import GenerationRequest, GenerationResult, TokenEvent
 from .generation_stream import GenerationStream
-from .kv_cache import KVCache
+from .kv_cache import KVBuffer, KVCache
 from .sampling import TokenLogprob, TokenSampler, prompt_token_logprobs, token_logprob
 
 
@@ -104,7 +104,7 @@ class RunningBatch:
     def __init__(self, graph: DecoderGraph) -> None:
         self.graph = graph
         self.rows: list[SequenceState] = []
-        self.cache: KVCache | None = None
+        self.cache: KVCache | KVBuffer | None = None
 
     def prefill(self, newcomers: list[SequenceState]) -> tuple[list[TokenEvent], KVCache]:
         """Run the newcomers' prompts together and pick each one's first token (and, when asked, score
@@ -139,7 +139,7 @@ class RunningBatch:
         if len(keep) < len(seqs):
             cache = cache.select(keep)
         self.rows += [seqs[row] for row in keep]
-        self.cache = cache if self.cache is None else KVCache.merge(self.cache, cache)
+        self.cache = self.graph.start(cache) if self.cache is None else self.cache.extend(cache)
 
     def leave(self) -> None:
         """Drop finished and cancelled rows and the cache columns only they needed."""
@@ -147,7 +147,7 @@ class RunningBatch:
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[row] for row in keep]
-        self.cache = self.cache.select(keep) if keep and self.cache is not None else None
+        self.cache = self.cache.keep(keep) if keep and self.cache is not None else None
 
     def reset(self) -> list[SequenceState]:
         rows, self.rows, self.cache = self.rows, [], None

@@ -39,6 +39,7 @@ class RuntimeOptions:
     graph_optimization: str = "all"
     variant: VariantChoice = "auto"  # which copy of the graphs (service.engine.variants)
     spinning: bool = True  # ONNX Runtime's default: idle intra-op threads spin before they sleep
+    kv_cache: Literal["inplace", "concat"] = "inplace"  # decoders on CPU (service.engine.kv_cache)
 
 
 def _session_options(options: RuntimeOptions) -> ort.SessionOptions:

@@ -12,7 +12,7 @@ served where the model has it (whatever the rule said: the operator asked), else
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .manifest import Manifest, Precision
@@ -34,6 +34,7 @@ class ServedVariant:
     precision: Precision
     files: dict[str, str]  # graph name -> file
     reason: str  # why this one, in words (logged at load)
+    inplace_decode: dict[str, str] = field(default_factory=dict)  # graph name -> in-place KV step file
 
 
 def reference_of(manifest: Manifest, reason: str) -> ServedVariant:
@@ -57,12 +58,22 @@ def choose_variant(
                 manifest,
                 f"MODEL_VARIANT={requested}, but that variant runs on {'/'.join(variant.devices)} only",
             )
-        return ServedVariant(requested, variant.precision, dict(variant.graphs), f"MODEL_VARIANT={requested}")
+        return ServedVariant(
+            requested,
+            variant.precision,
+            dict(variant.graphs),
+            f"MODEL_VARIANT={requested}",
+            dict(variant.inplace_decode),
+        )
     for name in PREFERENCE[device]:
         variant = manifest.variants.get(name)
         if variant is not None and device in variant.devices and variant.serve_by_default:
             return ServedVariant(
-                name, variant.precision, dict(variant.graphs), variant.reason or "passed the rule"
+                name,
+                variant.precision,
+                dict(variant.graphs),
+                variant.reason or "passed the rule",
+                dict(variant.inplace_decode),
             )
     held_back = [
         f"{name}: {v.reason or 'not served by default'}"

@@ -1,0 +1,204 @@
+"""A decoding-step graph whose KV cache is updated in place: GroupQueryAttention over a shared buffer.
+
+The exported decoders append each step's keys/values to the past with ``Concat``: every step copies
+the whole past into a new ``present`` tensor, so a step's cost grows with the past even where the
+attention itself is cheap. ONNX Runtime GenAI decodes instead with a buffer preallocated per running
+batch, (batch, heads, max_length, head_dim), that ``com.microsoft.GroupQueryAttention`` writes the new
+keys/values into when ``past`` and ``present`` are bound to the same memory
+(``past_present_share_buffer``), reading only each row's valid prefix (``seqlens_k``).
+
+``rewrite_inplace`` turns a fused decoder graph (``fusion.fuse_attention``'s ONNX ``Attention`` over
+``Concat(past, new)``) into that step graph, layer by layer:
+
+    Attention(q, Concat(past_k, k), Concat(past_v, v), mask)      -> context (B, H, T, Dh)
+    becomes
+    GroupQueryAttention(q', k', v', past_k, past_v, seqlens_k, total_sequence_length)
+                                                                  -> context' (B, T, D), present_k, present_v
+
+with q', k', v' the (B, T, H * Dh) tensors before the split into heads. The mask input goes: a row's
+valid keys are its first ``seqlens_k + 1`` buffer columns (past, then the new token), the layout the
+service's ``KVBuffer`` keeps (left-aligned, so no padding inside a row's prefix). Inputs become
+``input_ids`` (B, 1), ``position_ids`` (B, 1), ``seqlens_k`` (B,) int32 (each row's past length),
+``total_sequence_length`` () int32 (the longest past + 1) and the buffers; ``present_*`` have the
+buffers' shape. GroupQueryAttention runs on ONNX Runtime's CPU provider in float32; its CUDA kernel
+takes float16 / bfloat16 only, so this graph is a CPU variant.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .fusion import _drop_dead_nodes
+
+log = logging.getLogger(__name__)
+
+SEQLENS = "seqlens_k"
+TOTAL = "total_sequence_length"
+MAX_AXIS = "max_sequence"  # the buffers' length axis
+
+
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in graph.node for out in node.output}
+
+
+def _before_heads(producer: dict[str, onnx.NodeProto], name: str) -> str | None:
+    """The (B, T, H, Dh) tensor that ``Transpose(perm=[0, 2, 1, 3])`` made ``name`` from, if so."""
+    node = producer.get(name)
+    if node is None or node.op_type != "Transpose":
+        return None
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    return node.input[0] if perm == [0, 2, 1, 3] else None
+
+
+def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_names: list[str]) -> int:
+    """Rewrite every ``Attention`` over a concatenated past into GroupQueryAttention; returns how many.
+
+    Raises ValueError when a layer's past does not feed such an attention (nothing is half rewritten:
+    the caller keeps the Concat graph).
+    """
+    graph = model.graph
+    producer = _producers(graph)
+    past = set(past_names)
+    hidden = num_heads * head_dim
+    flat = numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "inplace_flat_shape")
+    heads = numpy_helper.from_array(np.array([0, 0, num_heads, head_dim], np.int64), "inplace_heads_shape")
+    graph.initializer.extend([flat, heads])
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    removed: set[int] = set()
+    rewrites = 0
+    for node in list(graph.node):
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
+            continue
+        concats = [producer.get(name) for name in node.input[1:3]]
+        if any(c is None or c.op_type != "Concat" or c.input[0] not in past for c in concats):
+            continue
+        key_cat, value_cat = concats
+        assert key_cat is not None and value_cat is not None
+        q, k, v = (
+            _before_heads(producer, name) for name in (node.input[0], key_cat.input[1], value_cat.input[1])
+        )
+        if q is None or k is None or v is None:
+            raise ValueError(f"attention {node.name}: q, k or v is not a split into heads")
+        scale = next((a.f for a in node.attribute if a.name == "scale"), 1.0 / np.sqrt(head_dim))
+        present_key, present_value = key_cat.output[0], value_cat.output[0]
+        prefix = f"inplace_{rewrites}"
+        nodes = [
+            helper.make_node("Reshape", [q, flat.name], [f"{prefix}_q"]),
+            helper.make_node("Reshape", [k, flat.name], [f"{prefix}_k"]),
+            helper.make_node("Reshape", [v, flat.name], [f"{prefix}_v"]),
+            helper.make_node(
+                "GroupQueryAttention",
+                [
+                    f"{prefix}_q",
+                    f"{prefix}_k",
+                    f"{prefix}_v",
+                    key_cat.input[0],
+                    value_cat.input[0],
+                    SEQLENS,
+                    TOTAL,
+                ],
+                [f"{prefix}_context", present_key, present_value],
+                domain="com.microsoft",
+                name=f"{prefix}_gqa",
+                num_heads=num_heads,
+                kv_num_heads=num_heads,
+                scale=float(scale),
+            ),
+            helper.make_node("Reshape", [f"{prefix}_context", heads.name], [f"{prefix}_context_heads"]),
+            helper.make_node("Transpose", [f"{prefix}_context_heads"], [node.output[0]], perm=[0, 2, 1, 3]),
+        ]
+        replaced[id(node)] = nodes
+        removed.update({id(node), id(key_cat), id(value_cat)})
+        rewrites += 1
+    if rewrites * 2 != len(past_names):
+        raise ValueError(
+            f"{rewrites} attention(s) over a concatenated past, for {len(past_names)} past tensors"
+        )
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        kept.extend(replaced.get(id(node), []))
+        if id(node) not in removed:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    _drop_dead_nodes(graph)
+    _retype_inputs(graph, past)
+    del graph.value_info[:]
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return rewrites
+
+
+def _retype_inputs(graph: onnx.GraphProto, past: set[str]) -> None:
+    """One new token per row, the valid lengths as inputs, buffers of ``max_sequence`` columns."""
+    used = {name for node in graph.node for name in node.input}
+    inputs = [i for i in graph.input if i.name in used]
+    for value in [*inputs, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in past or value.name.startswith("present_"):
+            dims[2].ClearField("dim_value")
+            dims[2].dim_param = MAX_AXIS
+        elif value.name in ("input_ids", "position_ids") or value.name == graph.output[0].name:
+            dims[1].ClearField("dim_param")
+            dims[1].dim_value = 1
+    inputs += [
+        helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info(TOTAL, TensorProto.INT32, []),
+    ]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+def step_difference(
+    concat_file: str, inplace_file: str, kv: dict, lengths: tuple[int, ...] = (5, 0, 12)
+) -> float:
+    """Largest |in-place step - Concat step| over the logits and the new keys/values, on one decoding step.
+
+    Rows with pasts of different lengths, one of them empty: the Concat graph gets them right-aligned
+    (left padding masked), the in-place graph left-aligned in a buffer bound as both past and present.
+    """
+    import onnxruntime as ort
+
+    heads, head_dim, layers = int(kv["num_heads"]), int(kv["head_dim"]), int(kv["num_layers"])
+    past_names = [n.format(i=i) for i in range(layers) for n in (kv["past_key"], kv["past_value"])]
+    present_names = [n.format(i=i) for i in range(layers) for n in (kv["present_key"], kv["present_value"])]
+    rng = np.random.default_rng(0)
+    rows, width, capacity = len(lengths), max(lengths), max(lengths) + 4
+    lens = np.array(lengths, np.int64)
+    past = [rng.standard_normal((rows, heads, width, head_dim)).astype(np.float32) for _ in past_names]
+    mask = (np.arange(width + 1)[None, :] >= (width - lens)[:, None]).astype(np.int64)  # (B, W + 1)
+    ids = rng.integers(5, 100, (rows, 1)).astype(np.int64)
+    positions = lens.reshape(rows, 1)
+    concat = ort.InferenceSession(concat_file, providers=["CPUExecutionProvider"])
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": positions,
+        **dict(zip(past_names, past, strict=True)),
+    }
+    logits, *present = concat.run(None, feeds)
+    buffers = [np.zeros((rows, heads, capacity, head_dim), np.float32) for _ in past_names]
+    for buffer, tensor in zip(buffers, past, strict=True):
+        for row, length in enumerate(lengths):
+            buffer[row, :, :length] = tensor[row, :, width - length :]
+    session = ort.InferenceSession(inplace_file, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    binding.bind_cpu_input("input_ids", ids)
+    binding.bind_cpu_input("position_ids", positions)
+    binding.bind_cpu_input(SEQLENS, lens.astype(np.int32))
+    binding.bind_cpu_input(TOTAL, np.array(width + 1, np.int32))
+    binding.bind_output(session.get_outputs()[0].name, "cpu")
+    for name, out, buffer in zip(past_names, present_names, buffers, strict=True):
+        binding.bind_input(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+        binding.bind_output(out, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+    session.run_with_iobinding(binding)
+    worst = float(np.abs(binding.get_outputs()[0].numpy() - logits).max())
+    for buffer, tensor in zip(buffers, present, strict=True):
+        for row, length in enumerate(lengths):  # the row's past and its new column, in both layouts
+            got, want = buffer[row, :, : length + 1], tensor[row, :, width - length :]
+            worst = max(worst, float(np.abs(got - want).max()))
+    return worst

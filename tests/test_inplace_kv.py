@@ -1,0 +1,211 @@
+"""The KV cache updated in place: the step graph, the buffer, and the engine decoding with them.
+
+The export writes, for GPT's fused and int8 variants, a decoding-step graph whose attention is
+GroupQueryAttention over a preallocated buffer (``model_export/inplace_kv.py``); the service binds
+``past`` and ``present`` to the same memory (``KVBuffer``). Everything here compares numbers with
+the Concat graphs or with full recomputation: the in-place step must give exactly the tokens of
+both, alone and in a batch whose rows join and leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from parity import check_close, check_outputs_equal
+from test_generation import GREEDY, PROMPTS, encode, recompute, requests, run_engine, sampled, solo, staggered
+
+from model_export.inplace_kv import SEQLENS, TOTAL, step_difference
+from service.engine.decoder_graph import DecoderGraph
+from service.engine.generation_contract import GenerationRequest, GenerationResult
+from service.engine.kv_cache import CacheLayout, KVBuffer, KVCache
+from service.engine.manifest import required
+from service.engine.repository import LoadedModel, load_model
+from service.engine.runtime import RuntimeOptions
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def gpt(tiny_models: Path) -> LoadedModel:
+    return load_model(tiny_models / "gpt", RuntimeOptions(device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def gpt_concat(tiny_models: Path) -> LoadedModel:
+    return load_model(tiny_models / "gpt", RuntimeOptions(device="cpu", kv_cache="concat"))
+
+
+def manifest(tiny_models: Path) -> dict:
+    return json.loads((tiny_models / "gpt" / "manifest.json").read_text())
+
+
+# --- the step graph -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["fused", "int8"])
+def test_step_graph_attends_in_place_with_one_gqa_per_layer(tiny_models: Path, variant: str) -> None:
+    record = manifest(tiny_models)["variants"][variant]
+    kv = manifest(tiny_models)["kv_cache"]
+    model = onnx.load(str(tiny_models / "gpt" / record["inplace_decode"]["model"]))
+    ops = collections.Counter(n.op_type for n in model.graph.node)
+    assert ops["GroupQueryAttention"] == kv["num_layers"]
+    assert ops["Attention"] == 0 and ops["Softmax"] == 0
+    past = {f"past_{kind}.{i}" for i in range(kv["num_layers"]) for kind in ("key", "value")}
+    concats_of_past = [n for n in model.graph.node if n.op_type == "Concat" and set(n.input) & past]
+    assert concats_of_past == [], "no step may copy the past into a new tensor"
+    inputs = [i.name for i in model.graph.input]
+    assert "attention_mask" not in inputs and {SEQLENS, TOTAL, "input_ids", "position_ids"} <= set(inputs)
+    for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+        assert gqa.input[3].startswith("past_key.") and gqa.output[1].startswith("present_key.")
+    # the export measured it against the variant's own Concat step, and the file is hashed
+    assert record["inplace_max_abs_diff"] <= 1e-5
+    assert record["inplace_decode"]["model"] in manifest(tiny_models)["files"]
+
+
+@pytest.mark.parametrize("lengths", [(0,), (0, 3), (7, 0, 1, 12)])
+def test_step_graph_equals_the_concat_step_with_an_empty_past(
+    tiny_models: Path, lengths: tuple[int, ...]
+) -> None:
+    folder = tiny_models / "gpt"
+    record = manifest(tiny_models)["variants"]["fused"]
+    diff = step_difference(
+        str(folder / record["graphs"]["model"]),
+        str(folder / record["inplace_decode"]["model"]),
+        manifest(tiny_models)["kv_cache"],
+        lengths,
+    )
+    assert diff <= 1e-5, f"in-place step differs from the Concat step by {diff} for past lengths {lengths}"
+
+
+def test_service_chooses_the_step_graph_by_setting(gpt: LoadedModel, gpt_concat: LoadedModel) -> None:
+    assert gpt.variant.name == "fused" and set(gpt.inplace) == {"model"}
+    assert gpt.inplace["model"].path.name == "model.fused.inplace.onnx"
+    assert gpt_concat.inplace == {} and gpt_concat.variant.name == "fused"
+    reference = load_model(gpt.path, RuntimeOptions(device="cpu", variant="reference"))
+    assert reference.inplace == {}, "the reference graphs stay exactly as exported"
+
+
+# --- the buffer -----------------------------------------------------------------------------
+
+
+def test_buffer_joins_leaves_and_grows_keeping_each_rows_prefix() -> None:
+    layout = CacheLayout(["k"], ["pk"], num_heads=2, head_dim=3, dtype=np.dtype(np.float32))
+
+    def prefilled(lengths: list[int], first: float) -> KVCache:
+        width = max(lengths)
+        tensor = np.zeros((len(lengths), 2, width, 3), np.float32)
+        for row, length in enumerate(lengths):  # right-aligned, as a prefill leaves it
+            tensor[row, :, width - length :] = first + row
+        return KVCache([tensor], np.array(lengths, np.int64), width)
+
+    buffer = KVBuffer(layout, max_length=16, capacity=2)
+    buffer.extend(prefilled([3, 1], 10.0))
+    assert buffer.lengths.tolist() == [3, 1] and buffer.capacity == 2
+    assert np.all(buffer.buffers[0][0, :, :3] == 10.0) and np.all(buffer.buffers[0][1, :, :1] == 11.0)
+    buffer.extend(prefilled([5], 20.0))  # outgrows the capacity: doubles, rows kept
+    assert buffer.capacity == 4 and buffer.lengths.tolist() == [3, 1, 5]
+    assert np.all(buffer.buffers[0][0, :, :3] == 10.0) and np.all(buffer.buffers[0][2, :, :5] == 20.0)
+    first = buffer.buffers[0]
+    buffer.keep([0, 2])  # the middle row leaves: the last one moves down, in the same memory
+    assert buffer.buffers[0] is first and buffer.lengths.tolist() == [3, 5]
+    assert np.all(buffer.buffers[0][1, :, :5] == 20.0) and np.all(buffer.buffers[0][0, :, :3] == 10.0)
+    with pytest.raises(AssertionError):
+        buffer.extend(prefilled([17], 0.0))  # longer than the buffer
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def test_in_place_greedy_equals_recomputation_alone(gpt: LoadedModel) -> None:
+    graph = DecoderGraph(gpt.graphs["model"], gpt.manifest, gpt.inplace["model"])
+    assert graph.in_place
+    prompt = encode(gpt, PROMPTS[3])
+    steps = 64 - len(prompt)
+    logits, cache = graph.prefill([prompt])
+    buffer = graph.start(cache)
+    assert isinstance(buffer, KVBuffer) and buffer.max_length == 64
+    seq = list(prompt)
+    sampler_ids = []
+    from service.engine.sampling import TokenSampler
+
+    sampler = TokenSampler(GREEDY)
+    token = sampler.next_token(logits[0], seq)
+    for _ in range(steps - 1):
+        seq.append(token)
+        sampler_ids.append(token)
+        logits, same = graph.decode(np.array([token]), buffer)
+        assert same is buffer, "the step updates the buffer, it does not make a new cache"
+        token = sampler.next_token(logits[0], seq)
+    sampler_ids.append(token)
+    assert int(buffer.lengths[0]) == 63, "the context's last position was written, none beyond"
+    check_outputs_equal(
+        [sampler_ids], recompute(gpt, [prompt], [GREEDY], steps), name_a="in place", name_b="recomputed"
+    )
+
+
+def test_in_place_step_logits_equal_concat_step_logits(gpt: LoadedModel) -> None:
+    concat = DecoderGraph(gpt.graphs["model"], gpt.manifest)
+    inplace = DecoderGraph(gpt.graphs["model"], gpt.manifest, gpt.inplace["model"])
+    prompts = [encode(gpt, PROMPTS[i]) for i in (0, 5, 2)]  # different lengths: a padded prefill
+    _, cache = concat.prefill(prompts)
+    buffer = inplace.start(cache)
+    tokens = np.array([11, 12, 13])
+    for _ in range(4):
+        want, cache = concat.decode(tokens, cache)
+        got, buffer = inplace.decode(tokens, buffer)
+        check_close(got, want, rtol=1e-5, atol=1e-5, name_a="in place", name_b="Concat")
+        tokens = np.argmax(want, axis=-1)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled"])
+def test_rows_joining_and_leaving_give_the_tokens_of_the_concat_engine(
+    gpt: LoadedModel, gpt_concat: LoadedModel, kind: str
+) -> None:
+    reqs = requests(gpt, (lambda i: GREEDY) if kind == "greedy" else (lambda i: sampled(300 + i)))
+    concat_alone = run_engine(gpt_concat, lambda e: solo(e, reqs))
+    for options in ({}, {"max_running": 3}):  # rows join a running batch and leave it at every length
+        shared = run_engine(gpt, lambda e: staggered(e, reqs), **options)
+        check_outputs_equal(
+            [(r.token_ids, r.text, r.finish_reason) for r in shared],
+            [(r.token_ids, r.text, r.finish_reason) for r in concat_alone],
+            name_a=f"in place, staggered {options}",
+            name_b="Concat, alone",
+        )
+    if kind == "greedy":  # and both are the plain definition of the model
+        prompts = [r.prompt_ids for r in reqs]
+        for req, result in zip(reqs, concat_alone, strict=True):
+            want = recompute(gpt, [req.prompt_ids], [GREEDY], len(result.token_ids))[0]
+            assert result.token_ids == want, f"prompt {prompts.index(req.prompt_ids)}"
+
+
+def test_a_row_reaching_the_buffer_end_finishes_with_length(
+    gpt: LoadedModel, gpt_concat: LoadedModel
+) -> None:
+    context = required(gpt.manifest.max_sequence_length)
+    long_prompt = encode(gpt, PROMPTS[7] * 3)[: context - 3]  # 3 positions left
+    short = encode(gpt, PROMPTS[1])
+
+    async def scenario(engine) -> list[GenerationResult]:  # type: ignore[no-untyped-def]
+        streams = [
+            engine.submit(GenerationRequest(long_prompt, replace(sampled(1), max_new_tokens=50))),
+            engine.submit(GenerationRequest(short, replace(sampled(2), max_new_tokens=20))),
+        ]
+        return list(await asyncio.gather(*(s.result() for s in streams)))
+
+    ended, other = run_engine(gpt, scenario)
+    assert ended.finish_reason == "length" and ended.completion_tokens == 3
+    want = run_engine(gpt_concat, scenario)
+    check_outputs_equal(
+        [(r.token_ids, r.finish_reason) for r in (ended, other)],
+        [(r.token_ids, r.finish_reason) for r in want],
+        name_a="in place",
+        name_b="Concat",
+    )
+    assert len(other.token_ids) > 3, "the other row went on after the first one left at the buffer's end"
