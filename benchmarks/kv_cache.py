@@ -5,7 +5,12 @@ then one single-token step per new token; without it, the same graph with an emp
 whole sequence (prompt + tokens so far) at every step. Both decode greedily and must pick the same
 tokens. One run of the longest N gives every N (the first N steps), timed per step; the per-token
 latency against position is plotted for both. N is clipped to what ``max_sequence_length`` leaves
-after the prompt (the default GPT holds 256 positions, so N = 256 and 512 become 255).
+after the prompt (the default GPT holds 256 positions, so N = 256 and 512 become 255). The cached
+side decodes as the service does: in place (``KVBuffer``) where the served variant has the step graph.
+
+Then (b2) one decoding step of 16 rows over a 200-token past, the KV cache updated in place against
+``Concat`` (the exported graphs' own step, which copies the past into a new tensor): the same rows,
+the same tokens, interleaved repeats, and the logits of both compared.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from benchmarks.repository import find_model
 from benchmarks.results import Check, Result, display_path
 from harness.stats import median, ratio
 from service.engine.decoder_graph import DecoderGraph
+from service.engine.kv_cache import KVBuffer
 from service.engine.manifest import required
-from service.engine.repository import load_model
+from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 
 NAME = "kv_cache"
@@ -34,6 +40,8 @@ TITLE = "(a) KV cache: decoding N new tokens with the cache vs recomputing the p
 SIZES = (32, 128, 256, 512)
 TARGET_256 = 10.0
 PROMPT = "ROMEO:"
+STEP_ROWS, STEP_PAST = 16, 200
+TARGET_INPLACE = 1.3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +53,8 @@ def decode_cached(graph: DecoderGraph, prompt: list[int], n: int) -> tuple[list[
     """Greedy: prefill the prompt (gives token 1), then n - 1 single-token steps; seconds per token."""
     times, tokens = [], []
     t0 = time.perf_counter()
-    logits, cache = graph.prefill([prompt])  # (1, V)
+    logits, prefilled = graph.prefill([prompt])  # (1, V)
+    cache = graph.start(prefilled)  # a KVBuffer where the step runs in place
     token = int(np.argmax(logits[0]))
     times.append(time.perf_counter() - t0)
     tokens.append(token)
@@ -70,6 +79,41 @@ def decode_recomputed(graph: DecoderGraph, prompt: list[int], n: int) -> tuple[l
         tokens.append(token)
         sequence.append(token)
     return tokens, times
+
+
+def step_speedup(model: LoadedModel, repeats: int) -> dict[str, object]:
+    """One decoding step of STEP_ROWS rows over a STEP_PAST-token past: in place vs Concat, medians in ms."""
+    inplace = DecoderGraph(model.graphs["model"], model.manifest, model.inplace["model"])
+    concat = DecoderGraph(model.graphs["model"], model.manifest)
+    rng = np.random.default_rng(0)
+    vocab = int(model.manifest.config["vocab_size"])
+    past = min(STEP_PAST, required(model.manifest.max_sequence_length) - 1)
+    prompts = [rng.integers(5, vocab, past).tolist() for _ in range(STEP_ROWS)]
+    _, cache = concat.prefill(prompts)  # (16, H, 200, Dh) per layer
+    buffer = inplace.start(cache)
+    assert isinstance(buffer, KVBuffer)
+    lengths = buffer.lengths.copy()
+    tokens = rng.integers(5, vocab, STEP_ROWS)
+    times: dict[str, list[float]] = {"inplace": [], "concat": []}
+    logits: dict[str, np.ndarray] = {}
+    for _ in range(max(repeats, 1) * 10 + 3):  # interleaved; the first rounds warm up
+        t0 = time.perf_counter()
+        logits["concat"], _ = concat.decode(tokens, cache)
+        times["concat"].append(time.perf_counter() - t0)
+        buffer.lengths = lengths.copy()  # the same 200-token past every time: the new column is rewritten
+        t0 = time.perf_counter()
+        logits["inplace"], _ = inplace.decode(tokens, buffer)
+        times["inplace"].append(time.perf_counter() - t0)
+    ms = {mode: median(t[3:]) * 1e3 for mode, t in times.items()}
+    return {
+        "inplace_kv_step_rows": STEP_ROWS,
+        "inplace_kv_step_past": past,
+        "inplace_kv_step_ms": ms["inplace"],
+        "concat_kv_step_ms": ms["concat"],
+        "inplace_kv_step_speedup_16": ratio(ms["concat"], ms["inplace"]),
+        "inplace_kv_step_max_abs_diff": float(np.abs(logits["inplace"] - logits["concat"]).max()),
+        "inplace_kv_step_rounds": len(times["concat"]) - 3,
+    }
 
 
 def per_step_median(runs: list[list[float]]) -> list[float]:
@@ -101,7 +145,7 @@ def plot(path: Path, start: int, cached: list[float], recomputed: list[float], t
 def run(opts: Options) -> Result:
     folder = find_model(opts.models, "text-generation")
     model = load_model(folder, RuntimeOptions(device=opts.device, intra_op_threads=opts.threads))  # type: ignore[arg-type]  # checked by argparse
-    graph = DecoderGraph(model.graphs["model"], model.manifest)
+    graph = DecoderGraph(model.graphs["model"], model.manifest, model.inplace.get("model"))
     assert model.tokenizer is not None
     prompt = model.tokenizer.encode(opts.extra.get("prompt") or PROMPT).ids[:1]
     max_context = required(model.manifest.max_sequence_length)
@@ -133,6 +177,8 @@ def run(opts: Options) -> Result:
         "repeats": repeats,
         "same_tokens": same,
         "provider": model.provider,
+        "variant": model.variant.name,
+        "kv_cache": "inplace" if graph.in_place else "concat",
     }
     rows = [
         "| N asked | N decoded | with cache (ms) | ms/token | no cache (ms) | ms/token | speedup |",
@@ -163,7 +209,8 @@ def run(opts: Options) -> Result:
     details = [
         *rows,
         "",
-        f"Model `{folder.name}` (max_sequence_length {max_context}), a {len(prompt)}-token prompt, greedy; "
+        f"Model `{folder.name}` ({model.variant.name} graphs, KV cache {metrics['kv_cache']}; "
+        f"max_sequence_length {max_context}), a {len(prompt)}-token prompt, greedy; "
         f"N is clipped to {longest} (= max_sequence_length - prompt). Median per step over {repeats} "
         f"interleaved run(s). Cached and recomputed decoding chose "
         + ("the same tokens." if same else f"different tokens from position {first_diff} (float rounding)."),
@@ -172,6 +219,25 @@ def run(opts: Options) -> Result:
     n256 = sizes[256]
     label = f"KV cache speedup, N=256{f' (clipped to {n256})' if n256 < 256 else ''}"
     checks = [Check(label, float(metrics["kv_cache_speedup_256"]), TARGET_256)]  # type: ignore[arg-type]
+    if "model" in model.inplace:
+        metrics.update(step_speedup(model, repeats))
+        details += [
+            "",
+            f"(b2) One decoding step of {STEP_ROWS} rows over a {metrics['inplace_kv_step_past']}-token past, "
+            f"median of {metrics['inplace_kv_step_rounds']} interleaved rounds: in place "
+            f"{metrics['inplace_kv_step_ms']:.2f} ms, Concat {metrics['concat_kv_step_ms']:.2f} ms "
+            f"(**{metrics['inplace_kv_step_speedup_16']:.2f}x**); logits differ by at most "
+            f"{metrics['inplace_kv_step_max_abs_diff']:.1e}.",
+        ]
+        checks.append(
+            Check(
+                f"in-place KV step over Concat, {STEP_ROWS} rows x {metrics['inplace_kv_step_past']} past",
+                float(metrics["inplace_kv_step_speedup_16"]),  # type: ignore[arg-type]
+                TARGET_INPLACE,
+            )
+        )
+    else:
+        details += ["", f"(b2) not measured: `{folder.name}`'s served variant has no in-place step graph."]
     return Result(NAME, TITLE, metrics, checks, details, {"provider": model.provider})
 
 
