@@ -4,7 +4,8 @@ Each method checks readiness, resolves the model (by name or the task's
 default) and runs its pipeline behind the response cache
 (``caching.ResponseCache``): the cache key is the model's name and version,
 the task and the canonical request (every parameter with its effective
-value). Streams are never cached.
+value). Streams are never cached, and neither are requests with ``return_attention`` (``attention``):
+they skip the cache both ways, so an answer with maps and one without never stand in for each other.
 
 Phases: starting -> ready -> draining (SIGTERM: new requests get 503, the
 ones in flight finish) -> stopping -> stopped.
@@ -22,6 +23,7 @@ from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from service.engine.sampling import SamplingParams
 from service.errors import NotReadyError
+from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
 from service.pipelines.classify import ImageClassifier, TextClassifier
 from service.pipelines.embed import SentenceEmbedder
@@ -108,6 +110,7 @@ class InferenceService:
         model: str | None,
         input_field: str,
         cache: CacheControl = USE_CACHE,
+        attention: AttentionQuery | None = None,
     ) -> Outcome[Translation]:
         self.check_ready()
         pipeline = self.registry.resolve(Translator, model, input_field)
@@ -115,8 +118,8 @@ class InferenceService:
             pipeline,
             request={"texts": list(texts), **asdict(params)},
             result_type=Translation,
-            control=cache,
-            compute=lambda: pipeline.translate(texts, params),
+            control=cache if attention is None else BYPASS,
+            compute=lambda: pipeline.translate(texts, params, attention),
         )
 
     async def classify_texts(
@@ -126,6 +129,7 @@ class InferenceService:
         model: str | None,
         input_field: str,
         cache: CacheControl = USE_CACHE,
+        attention: AttentionQuery | None = None,
     ) -> Outcome[Classification]:
         self.check_ready()
         pipeline = self.registry.resolve(TextClassifier, model, input_field)
@@ -133,8 +137,8 @@ class InferenceService:
             pipeline,
             request={"texts": list(texts), "top_k": top_k},
             result_type=Classification,
-            control=cache,
-            compute=lambda: pipeline.classify(texts, top_k),
+            control=cache if attention is None else BYPASS,
+            compute=lambda: pipeline.classify(texts, top_k, attention),
         )
 
     async def classify_images(
@@ -145,6 +149,7 @@ class InferenceService:
         input_field: str,
         fields: Sequence[str],
         cache: CacheControl = USE_CACHE,
+        attention: AttentionQuery | None = None,
     ) -> Outcome[Classification]:
         """``fields`` names each image's own field (``images[2]``), for decode errors."""
         self.check_ready()
@@ -153,8 +158,8 @@ class InferenceService:
             pipeline,
             request={"images": [blob_digest(image) for image in images], "top_k": top_k},
             result_type=Classification,
-            control=cache,
-            compute=lambda: pipeline.classify(images, top_k, fields),
+            control=cache if attention is None else BYPASS,
+            compute=lambda: pipeline.classify(images, top_k, fields, attention),
         )
 
     async def answer(
@@ -163,6 +168,7 @@ class InferenceService:
         model: str | None,
         input_field: str,
         cache: CacheControl = USE_CACHE,
+        attention: AttentionQuery | None = None,
     ) -> Outcome[Answer]:
         self.check_ready()
         pipeline = self.registry.resolve(QuestionAnswerer, model, input_field)
@@ -170,8 +176,8 @@ class InferenceService:
             pipeline,
             request={"pairs": [list(pair) for pair in pairs]},
             result_type=Answer,
-            control=cache,
-            compute=lambda: pipeline.answer(pairs),
+            control=cache if attention is None else BYPASS,
+            compute=lambda: pipeline.answer(pairs, attention),
         )
 
     async def entities(
@@ -180,6 +186,7 @@ class InferenceService:
         model: str | None,
         input_field: str,
         cache: CacheControl = USE_CACHE,
+        attention: AttentionQuery | None = None,
     ) -> Outcome[Entities]:
         self.check_ready()
         pipeline = self.registry.resolve(EntityTagger, model, input_field)
@@ -187,8 +194,8 @@ class InferenceService:
             pipeline,
             request={"texts": list(texts)},
             result_type=Entities,
-            control=cache,
-            compute=lambda: pipeline.tag(texts),
+            control=cache if attention is None else BYPASS,
+            compute=lambda: pipeline.tag(texts, attention),
         )
 
     async def embed(

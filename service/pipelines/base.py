@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
+from .attention import AttentionMaps, Selection, wordpiece_labels
+from .results import AttentionMap
 from .text_inputs import feeds_for, pad_batch
 
 Item = TypeVar("Item")
@@ -58,6 +60,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     ) -> None:
         super().__init__(model)
         self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(model.name, policy, self.run_batch, observer)
+        self.attention_maps = AttentionMaps(model)
 
     @abstractmethod
     def run_batch(self, items: list[Item]) -> Sequence[Out | BaseException]:
@@ -65,6 +68,10 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
 
     async def start(self) -> None:
         await self.batcher.start()
+
+    async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on this model's compute thread (between its batches), never on the event loop."""
+        return await self.batcher._in_thread(fn, *args)
 
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)
@@ -104,3 +111,13 @@ class TextEncoderPipeline(BatchedPipeline[Item, Out]):
     def run_padded(self, rows: list[list[int]], type_rows: list[list[int]] | None = None) -> list[np.ndarray]:
         """The graph's outputs for ``rows`` of token ids (and segment ids), right-padded into one batch."""
         return self.graph.run(feeds_for(self.graph, pad_batch(rows, self.pad_id, type_rows)))
+
+    def token_attention(
+        self, ids: list[int], selection: Selection, type_ids: list[int] | None = None
+    ) -> AttentionMap:
+        """Blocking: the token x token self-attention map of one input (``return_attention``)."""
+        feeds = pad_batch([ids], self.pad_id, None if type_ids is None else [type_ids])
+        labels = wordpiece_labels(self.tokenizer, ids)
+        return self.attention_maps.result(
+            "self", selection, labels, labels, self.attention_maps.weights(feeds, selection)
+        )

@@ -12,6 +12,7 @@ are not tagged and the result says ``truncated``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,9 @@ import numpy as np
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
+from service.errors import InvalidInputError
 
+from .attention import AttentionQuery
 from .base import TextEncoderPipeline
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
@@ -66,10 +69,25 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
             for q, c in pairs
         ]
 
-    async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
-        """``pairs`` are (question, context); offsets in the answers index into each context."""
+    async def answer(
+        self, pairs: Sequence[tuple[str, str]], attention: AttentionQuery | None = None
+    ) -> Outcome[Answer]:
+        """``pairs`` are (question, context); offsets in the answers index into each context.
+
+        With ``attention`` (one pair that fits one window): the first result also carries the window's
+        token x token self-attention ([CLS] question [SEP] context [SEP]).
+        """
+        selection = self.attention_maps.select(attention) if attention is not None else None
         self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
         windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
+        if attention is not None:
+            if len(windows[0]) != 1:
+                raise InvalidInputError(
+                    f"the context takes {len(windows[0])} windows; return_attention needs it to fit one",
+                    "context",
+                    "too_long",
+                )
+            self.attention_maps.check_length(len(windows[0][0].input_ids), attention, "context")
         costs = [len(w) * max(map(len, w)) for w in windows]
         spans = await self.infer(windows, costs)
         results = []
@@ -87,6 +105,12 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
                         len(item),
                     )
                 )
+        if selection is not None:
+            window = windows[0][0]
+            attention_map = await self.in_compute_thread(
+                self.token_attention, window.input_ids, selection, window.token_type_ids
+            )
+            results[0] = dataclasses.replace(results[0], attention=attention_map)
         usage = Usage(input_tokens=sum(len(w) for item in windows for w in item))
         return Outcome(self.name, self.model.version, results, usage)
 
@@ -139,11 +163,18 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
         ]
         return Entities(found, tagged.truncated)
 
-    async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
+    async def tag(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> Outcome[Entities]:
+        """With ``attention`` (one text): the first result also carries its token x token self-attention."""
+        selection = self.attention_maps.select(attention) if attention is not None else None
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
+        if attention is not None:
+            self.attention_maps.check_length(len(tagged[0].ids), attention, "text")
         logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
+        if selection is not None:
+            attention_map = await self.in_compute_thread(self.token_attention, tagged[0].ids, selection)
+            results[0] = dataclasses.replace(results[0], attention=attention_map)
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
 
     async def warmup(self) -> None:

@@ -43,6 +43,27 @@ class Outcome(Generic[R]):
 
 
 @dataclass(frozen=True)
+class AttentionMap:
+    """One input's attention weights from one layer (one head, or the mean over heads): ``return_attention``.
+
+    ``weights[i][j]``: how much row ``i`` attends to column ``j``; each row of a "cross" or "self"
+    map sums to 1. "cls_to_patches" (ViT) is the [CLS] row over the patches laid out as the patch
+    grid (``grid`` = [rows, columns] of patches): it sums to 1 with ``cls_weight``, [CLS] on itself.
+    """
+
+    kind: str  # "cross" (target tokens x source tokens) | "self" (tokens x tokens) | "cls_to_patches"
+    layer: int  # 0-based
+    head: int | None  # None: the mean over heads
+    num_layers: int
+    num_heads: int
+    rows: list[str]  # row labels: target tokens, tokens, or patch-grid row numbers
+    columns: list[str]  # column labels: source tokens, tokens, or patch-grid column numbers
+    weights: list[list[float]]
+    grid: list[int] | None = None  # cls_to_patches: [patch rows, patch columns]
+    cls_weight: float | None = None  # cls_to_patches: [CLS]'s weight on itself
+
+
+@dataclass(frozen=True)
 class LabelScore:
     label: str
     score: float
@@ -54,6 +75,7 @@ class Classification:
     score: float  # its softmax probability
     top: list[LabelScore]  # the top_k labels, most probable first
     truncated: bool = False  # the text was cut to the model's window
+    attention: AttentionMap | None = None  # with return_attention, for the one input
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,7 @@ class TranslationSequence:
 class Translation:
     sequences: list[TranslationSequence]  # best first, num_return_sequences of them
     truncated: bool = False  # the source was cut to the model's max_source_length
+    attention: AttentionMap | None = None  # with return_attention, for the one input
 
 
 @dataclass(frozen=True)
@@ -78,6 +101,7 @@ class Answer:
     score: float  # p(start) * p(end) within the window the span came from
     window: int | None  # index of that sliding window (None: the context held no usable token)
     windows: int  # how many windows the context was cut into
+    attention: AttentionMap | None = None  # with return_attention, for the one input
 
 
 @dataclass(frozen=True)
@@ -93,6 +117,7 @@ class EntitySpan:
 class Entities:
     entities: list[EntitySpan]
     truncated: bool = False  # words beyond the model's window were not tagged
+    attention: AttentionMap | None = None  # with return_attention, for the one input
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,21 @@ capped by MAX_NEW_TOKENS and by the model's own target length.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.seq2seq import Hypothesis, Seq2SeqModel
+from service.errors import InvalidInputError
 
+from .attention import AttentionQuery, Selection, decoded_labels
 from .base import BatchedPipeline
-from .results import Outcome, Translation, TranslationSequence, Usage
+from .results import AttentionMap, Outcome, Translation, TranslationSequence, Usage
 from .text_inputs import encode_texts, preprocess, truncate
 
 _DEFAULT_LIMIT_STEP = 16
@@ -72,12 +77,15 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         assert model.tokenizer is not None, "text model without a tokenizer"
         manifest = model.manifest
         self.tokenizer = model.tokenizer
-        self.seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], manifest)
+        self.seq2seq = Seq2SeqModel(
+            model.graphs["encoder"], model.graphs["decoder"], manifest, model.inplace.get("decoder")
+        )
         self.max_source_length = required(manifest.max_source_length)
         self.suffix = (
             manifest.source_suffix if manifest.source_suffix is not None else [manifest.token("eos")]
         )
         self.max_new_tokens = min(max_new_tokens, self.seq2seq.max_new_tokens)
+        self.bos, self.eos = manifest.token("bos"), manifest.token("eos")
 
     def run_batch(self, items: list[SourceItem]) -> Sequence[list[Hypothesis] | BaseException]:
         groups: dict[tuple[int, int, float, int], list[int]] = {}
@@ -122,20 +130,58 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
         return TranslationSequence(text, float(h.score), "eos" if h.finished else "length", len(h.tokens))
 
-    async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
+    async def translate(
+        self, texts: Sequence[str], params: DecodingParams, attention: AttentionQuery | None = None
+    ) -> Outcome[Translation]:
+        """With ``attention`` (one text): the first result also carries the best translation's
+        cross-attention, target tokens (the produced ones, </s> included) over source tokens. Its rows are
+        bounded too: max_new_tokens is at most ATTENTION_MAX_TOKENS - 1 (the default is capped there)."""
+        selection = self.attention_maps.select(attention) if attention is not None else None
+        limit = params.max_new_tokens
+        if attention is not None and limit is not None and limit > attention.max_tokens - 1:
+            raise InvalidInputError(
+                f"{limit}; with return_attention at most {attention.max_tokens - 1} (ATTENTION_MAX_TOKENS - 1)",
+                "max_new_tokens",
+                "out_of_range",
+            )
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         prepared = await preprocess(sum(map(len, texts)), self.prepare, texts, params)
         items = [item for item, _ in prepared]
+        if attention is not None:
+            self.attention_maps.check_length(len(items[0].ids), attention, "text")
+            cap = min(items[0].max_new_tokens, attention.max_tokens - 1)
+            items[0] = dataclasses.replace(items[0], max_new_tokens=cap)
         outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])
         results = [
             Translation([self._sequence(h) for h in hyps], truncated)
             for hyps, (_, truncated) in zip(outputs, prepared, strict=True)
         ]
+        if selection is not None:
+            attention_map = await self.in_compute_thread(
+                self.cross_attention, items[0].ids, outputs[0][0], selection
+            )
+            results[0] = dataclasses.replace(results[0], attention=attention_map)
         usage = Usage(
             input_tokens=sum(len(item.ids) for item in items),
             output_tokens=sum(s.tokens for r in results for s in r.sequences),
         )
         return Outcome(self.name, self.model.version, results, usage)
+
+    def cross_attention(self, source: list[int], best: Hypothesis, selection: Selection) -> AttentionMap:
+        """Blocking: teacher-force ``best`` after ``source``; row i is the step that produced target token i."""
+        produced = [*best.tokens, self.eos] if best.finished or not best.tokens else list(best.tokens)
+        feeds = {
+            "input_ids": np.array([source], dtype=np.int64),
+            "attention_mask": np.ones((1, len(source)), dtype=np.int64),
+            "decoder_input_ids": np.array([[self.bos, *produced[:-1]]], dtype=np.int64),
+        }
+        return self.attention_maps.result(
+            "cross",
+            selection,
+            decoded_labels(self.tokenizer, produced),
+            decoded_labels(self.tokenizer, source),
+            self.attention_maps.weights(feeds, selection),
+        )
 
     async def warmup(self) -> None:
         await self.translate(["warm-up"], DecodingParams(max_new_tokens=2))

@@ -16,6 +16,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from service.errors import InvalidInputError
+from service.pipelines.attention import AttentionQuery
 
 from ..deps import Services
 from ..disconnect import unless_disconnected
@@ -76,6 +77,7 @@ class ClassifyController(Controller):
                 data.input_field,
                 [field for field, _ in inputs],
                 cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
             )
         else:
             services.limits.texts(inputs)
@@ -85,6 +87,7 @@ class ClassifyController(Controller):
                 data.model,
                 data.input_field,
                 cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
             )
         outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
@@ -104,13 +107,26 @@ class ClassifyController(Controller):
         request: Request[Any, Any, Any],
         data: Annotated[ImageUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> ClassifyResponse:
-        """Form fields: ``file`` (PNG/JPEG), optional ``top_k`` (1..100) and ``model``."""
+        """Form fields: ``file`` (PNG/JPEG), optional ``top_k`` (1..100) and ``model``; optional
+        ``return_attention``, ``attention_layer``, ``attention_head`` as in the JSON route."""
         if not 1 <= data.top_k <= MAX_TOP_K:
             raise InvalidInputError(f"must be in 1..{MAX_TOP_K}", "top_k", "out_of_range")
+        for name in ("attention_layer", "attention_head"):
+            if getattr(data, name) is not None and not data.return_attention:
+                raise InvalidInputError(
+                    f"{name} needs return_attention: true", name, "needs_return_attention"
+                )
+        if data.attention_head is not None and data.attention_head < 0:
+            raise InvalidInputError("must be at least 0", "attention_head", "out_of_range")
+        attention = (
+            AttentionQuery(data.attention_layer, data.attention_head, services.settings.attention_max_tokens)
+            if data.return_attention
+            else None
+        )
         content = await data.file.read()
         services.limits.image("file", content)
         work = services.inference.classify_images(
-            [content], data.top_k, data.model or None, "file", ["file"], cache_control(request)
+            [content], data.top_k, data.model or None, "file", ["file"], cache_control(request), attention
         )
         outcome = await unless_disconnected(request, work)
         return ClassifyResponse(

@@ -41,7 +41,11 @@ class ExtractController(Controller):
             tagged = await unless_disconnected(
                 request,
                 services.inference.entities(
-                    [t for _, t in inputs], data.model, data.input_field, cache_control(request, data.cache)
+                    [t for _, t in inputs],
+                    data.model,
+                    data.input_field,
+                    cache_control(request, data.cache),
+                    data.attention_query(services.settings.attention_max_tokens),
                 ),
             )
             entities = [EntitiesOut.of(e) for e in tagged.results]
@@ -53,7 +57,11 @@ class ExtractController(Controller):
         outcome = await unless_disconnected(
             request,
             services.inference.answer(
-                [pair for _, pair in pairs], data.model, data.input_field, cache_control(request, data.cache)
+                [pair for _, pair in pairs],
+                data.model,
+                data.input_field,
+                cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
             ),
         )
         return ExtractResponse(

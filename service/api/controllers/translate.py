@@ -52,7 +52,12 @@ class TranslateController(Controller):
         outcome = await unless_disconnected(
             request,
             services.inference.translate(
-                texts, params, data.model, data.input_field, cache_control(request, data.cache)
+                texts,
+                params,
+                data.model,
+                data.input_field,
+                cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
             ),
         )
         results = [

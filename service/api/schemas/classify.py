@@ -10,13 +10,14 @@ from pydantic import BaseModel, Field, model_validator
 
 from service.pipelines.results import Classification
 
+from .attention import AttentionFields, AttentionOut, WithAttention
 from .common import InferenceResponse, Request, Text, exactly_one, exactly_one_of, json_body
 
 MAX_TOP_K = 100
 Base64Image = str  # the byte limit is MAX_IMAGE_BYTES after decoding; the body limit bounds the text
 
 
-class ClassifyRequest(Request):
+class ClassifyRequest(Request, AttentionFields):
     """Exactly one of ``text``, ``texts``, ``image``, ``images``; text and images need different models."""
 
     text: Text | None = Field(default=None, description="One text (at most MAX_TEXT_CHARS characters)")
@@ -67,6 +68,9 @@ class ImageUpload:
     file: UploadFile
     top_k: int = 1
     model: str | None = None
+    return_attention: bool = False
+    attention_layer: int | None = None
+    attention_head: int | None = None
 
 
 class LabelScoreOut(BaseModel):
@@ -74,7 +78,7 @@ class LabelScoreOut(BaseModel):
     score: float = Field(description="Softmax probability")
 
 
-class ClassificationOut(BaseModel):
+class ClassificationOut(WithAttention):
     label: str = Field(description="The most probable label")
     score: float
     labels: list[LabelScoreOut] = Field(description="The top_k labels, most probable first")
@@ -87,6 +91,7 @@ class ClassificationOut(BaseModel):
             score=c.score,
             labels=[LabelScoreOut(label=t.label, score=t.score) for t in c.top],
             truncated=c.truncated,
+            attention=AttentionOut.of(c.attention),
         )
 
 

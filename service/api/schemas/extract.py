@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from service.pipelines.results import Answer, Entities
 
+from .attention import AttentionFields, AttentionOut, WithAttention
 from .common import InferenceResponse, Request, Text, alternative, exactly_one, json_body
 
 
@@ -19,7 +20,7 @@ class QAPair(BaseModel):
     context: Text = Field(description="At most MAX_CONTEXT_CHARS characters; long ones use a sliding window")
 
 
-class ExtractRequest(Request):
+class ExtractRequest(Request, AttentionFields):
     """One schema for both tasks; fields that belong to the other task are rejected, naming them.
 
     qa: ``question`` + ``context`` (one pair) or ``items`` (a batch of pairs).
@@ -103,7 +104,7 @@ ExtractBody = Annotated[
 ]
 
 
-class AnswerOut(BaseModel):
+class AnswerOut(WithAttention):
     answer: str = Field(description="context[start:end]; empty when the context held no usable token")
     start: int = Field(description="Character offset into the context (Python string index)")
     end: int
@@ -114,7 +115,13 @@ class AnswerOut(BaseModel):
     @classmethod
     def of(cls, a: Answer) -> AnswerOut:
         return cls(
-            answer=a.answer, start=a.start, end=a.end, score=a.score, window=a.window, windows=a.windows
+            answer=a.answer,
+            start=a.start,
+            end=a.end,
+            score=a.score,
+            window=a.window,
+            windows=a.windows,
+            attention=AttentionOut.of(a.attention),
         )
 
 
@@ -126,7 +133,7 @@ class EntityOut(BaseModel):
     score: float = Field(description="Mean probability of the entity's word tags")
 
 
-class EntitiesOut(BaseModel):
+class EntitiesOut(WithAttention):
     entities: list[EntityOut]
     truncated: bool = Field(description="Words beyond the model's window were not tagged")
 
@@ -135,7 +142,7 @@ class EntitiesOut(BaseModel):
         spans = [
             EntityOut(text=s.text, label=s.label, start=s.start, end=s.end, score=s.score) for s in e.entities
         ]
-        return cls(entities=spans, truncated=e.truncated)
+        return cls(entities=spans, truncated=e.truncated, attention=AttentionOut.of(e.attention))
 
 
 class ExtractResponse(InferenceResponse):

@@ -9,10 +9,11 @@ from pydantic_core import PydanticCustomError
 
 from service.pipelines.results import Translation
 
+from .attention import AttentionFields, AttentionOut, WithAttention
 from .common import InferenceResponse, TextInput, exactly_one_of, json_body
 
 
-class TranslateRequest(TextInput):
+class TranslateRequest(TextInput, AttentionFields):
     beam_size: int = Field(default=1, ge=1, le=8, description="1: greedy search; 2..8: beam search")
     max_new_tokens: int | None = Field(
         None,
@@ -52,7 +53,7 @@ class TranslationSequenceOut(BaseModel):
     )
 
 
-class TranslationOut(BaseModel):
+class TranslationOut(WithAttention):
     text: str = Field(description="The best translation")
     finish_reason: str = Field(description="eos | length")
     score: float | None = None
@@ -76,6 +77,7 @@ class TranslationOut(BaseModel):
             score=best.score,
             sequences=seqs if num_return > 1 else None,
             truncated=t.truncated,
+            attention=AttentionOut.of(t.attention),
         )
 
 
