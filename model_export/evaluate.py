@@ -72,7 +72,9 @@ def evaluate_translator(
     pairs = _limit(load_multi30k(data_dir, split), limit)
     tok = model.tokenizer
     assert tok is not None
-    seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
+    seq2seq = Seq2SeqModel(
+        model.graphs["encoder"], model.graphs["decoder"], model.manifest, model.inplace.get("decoder")
+    )
     eos = model.manifest.token("eos")
     max_src = required(model.manifest.max_source_length)
     sources = [truncate([*e.ids, eos], max_src) for e in tok.encode_batch([en for en, _ in pairs])]

@@ -153,6 +153,23 @@ def _retype_inputs(graph: onnx.GraphProto, past: set[str]) -> None:
     graph.input.extend(inputs)
 
 
+def _other_inputs(
+    session: object, rows: int, rng: np.random.Generator, length: int = 7
+) -> dict[str, np.ndarray]:
+    """Feeds for a decoder's inputs besides the token, positions, mask and past (the translator's cross
+    keys/values and source mask): a ``length``-token source, all of it real."""
+    feeds: dict[str, np.ndarray] = {}
+    for spec in session.get_inputs():  # type: ignore[attr-defined]
+        if spec.name in ("input_ids", "attention_mask", "position_ids") or spec.name.startswith("past_"):
+            continue
+        shape = [rows if i == 0 else (d if isinstance(d, int) else length) for i, d in enumerate(spec.shape)]
+        if spec.type == "tensor(int64)":
+            feeds[spec.name] = np.ones(shape, np.int64)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
 def step_difference(
     concat_file: str, inplace_file: str, kv: dict, lengths: tuple[int, ...] = (5, 0, 12)
 ) -> float:
@@ -174,10 +191,12 @@ def step_difference(
     ids = rng.integers(5, 100, (rows, 1)).astype(np.int64)
     positions = lens.reshape(rows, 1)
     concat = ort.InferenceSession(concat_file, providers=["CPUExecutionProvider"])
+    other = _other_inputs(concat, rows, rng)
     feeds = {
         "input_ids": ids,
         "attention_mask": mask,
         "position_ids": positions,
+        **other,
         **dict(zip(past_names, past, strict=True)),
     }
     logits, *present = concat.run(None, feeds)
@@ -191,6 +210,8 @@ def step_difference(
     binding.bind_cpu_input("position_ids", positions)
     binding.bind_cpu_input(SEQLENS, lens.astype(np.int32))
     binding.bind_cpu_input(TOTAL, np.array(width + 1, np.int32))
+    for name, value in other.items():
+        binding.bind_cpu_input(name, value)
     binding.bind_output(session.get_outputs()[0].name, "cpu")
     for name, out, buffer in zip(past_names, present_names, buffers, strict=True):
         binding.bind_input(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)

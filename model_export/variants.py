@@ -70,7 +70,7 @@ PRECISIONS = {"fused": "fp32", "int8": "int8", "fp16": "fp16"}
 # Variants that get an in-place KV step graph (GroupQueryAttention: its CUDA kernel is fp16/bf16 only,
 # and the fp16 graph keeps float32 inputs, so its cache would be cast, i.e. copied, every step)
 INPLACE_VARIANTS = ("fused", "int8")
-INPLACE_TASKS = {"text-generation": "model"}  # task -> its decoder graph
+INPLACE_TASKS = {"text-generation": "model", "translation": "decoder"}  # task -> its decoder graph
 
 
 _cuda: dict[str, bool] = {}

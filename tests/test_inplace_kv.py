@@ -28,6 +28,7 @@ from service.engine.kv_cache import CacheLayout, KVBuffer, KVCache
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
+from service.engine.seq2seq import Seq2SeqModel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -209,3 +210,46 @@ def test_a_row_reaching_the_buffer_end_finishes_with_length(
         name_b="Concat",
     )
     assert len(other.token_ids) > 3, "the other row went on after the first one left at the buffer's end"
+
+
+# --- the translator's decoder ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def translators(tiny_models: Path, data_dir: Path) -> tuple[LoadedModel, LoadedModel, list[list[int]]]:
+    from model_export.data import load_multi30k
+
+    inplace = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
+    concat = load_model(tiny_models / "translator", RuntimeOptions(device="cpu", kv_cache="concat"))
+    assert inplace.tokenizer is not None
+    eos = inplace.manifest.token("eos")
+    english = [en for en, _ in load_multi30k(data_dir, "validation")[:6]]
+    sources = [[*e.ids, eos] for e in inplace.tokenizer.encode_batch(english)]
+    return inplace, concat, sources
+
+
+def seq2seq(model: LoadedModel) -> Seq2SeqModel:
+    return Seq2SeqModel(
+        model.graphs["encoder"], model.graphs["decoder"], model.manifest, model.inplace.get("decoder")
+    )
+
+
+def test_translator_decoder_has_an_in_place_step(translators: tuple, tiny_models: Path) -> None:
+    inplace, concat, _ = translators
+    assert set(inplace.inplace) == {"decoder"} and seq2seq(inplace).in_place
+    assert concat.inplace == {} and not seq2seq(concat).in_place
+    record = json.loads((tiny_models / "translator" / "manifest.json").read_text())["variants"]["fused"]
+    assert record["inplace_max_abs_diff"] <= 1e-5
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_translations_in_place_equal_concat(translators: tuple, beam_size: int) -> None:
+    inplace, concat, sources = translators
+
+    def translate(model: LoadedModel) -> list:
+        s2s = seq2seq(model)
+        if beam_size == 1:  # rows of different lengths leave the batch as they finish
+            return [(h.tokens, h.finished) for h in s2s.greedy(sources, 40)]
+        return [[(h.tokens, h.finished) for h in hyps] for hyps in s2s.beam_search(sources, 4, 40, 1.0, 2)]
+
+    check_outputs_equal(translate(inplace), translate(concat), name_a="in place", name_b="Concat")

@@ -71,8 +71,8 @@ def cuda_step(graph: Graph, layout: CacheLayout) -> StepFn:
     return step
 
 
-# (input_ids (B,), buffer) -> logits (B, V); the buffer holds one more column per row afterwards
-InPlaceStepFn = Callable[[np.ndarray, KVBuffer], np.ndarray]
+# (input_ids (B,), buffer, other inputs by name) -> logits (B, 1, V); the buffer holds one more column per row
+InPlaceStepFn = Callable[[np.ndarray, KVBuffer, dict[str, np.ndarray]], np.ndarray]
 
 
 def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
@@ -84,9 +84,11 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
     logits_name = graph.output_names[0]
     element = layout.dtype.type
 
-    def step(tokens: np.ndarray, buffer: KVBuffer) -> np.ndarray:
+    def step(tokens: np.ndarray, buffer: KVBuffer, other: dict[str, np.ndarray]) -> np.ndarray:
         rows, lengths = buffer.rows, buffer.lengths
         binding = graph.session.io_binding()
+        for name, value in other.items():  # the translator's cross keys/values and source mask
+            binding.bind_cpu_input(name, value)
         binding.bind_cpu_input("input_ids", tokens.reshape(rows, 1).astype(np.int64))
         binding.bind_cpu_input("position_ids", lengths.reshape(rows, 1))  # a row's next position
         binding.bind_cpu_input("seqlens_k", lengths.astype(np.int32))
@@ -152,7 +154,7 @@ class DecoderGraph:
         """One new token per row (B,) -> logits (B, V) and the cache one column wider (a buffer: in place)."""
         if isinstance(cache, KVBuffer):
             assert self._inplace is not None, "a KVBuffer needs the in-place step graph"
-            return self._inplace(tokens, cache)[:, -1, :], cache
+            return self._inplace(tokens, cache, {})[:, -1, :], cache
         mask = cache.attention_mask(new=1)  # (B, W + 1)
         logits, present = self._step(
             tokens.reshape(-1, 1).astype(np.int64), mask, positions_from_mask(mask, 1), cache.tensors

@@ -128,6 +128,13 @@ class KVBuffer:
         self.buffers = [self._allocate(capacity) for _ in layout.past_names]
         self.lengths = np.zeros(0, dtype=np.int64)  # (rows,)
 
+    @classmethod
+    def empty(cls, layout: CacheLayout, max_length: int, rows: int) -> KVBuffer:
+        """``rows`` rows with an empty past (the translator's first step)."""
+        buffer = cls(layout, max_length, capacity=max(rows, 1))
+        buffer.lengths = np.zeros(rows, dtype=np.int64)
+        return buffer
+
     def _allocate(self, capacity: int) -> np.ndarray:
         shape = (capacity, self.layout.num_heads, self.max_length, self.layout.head_dim)
         return np.zeros(shape, self.layout.dtype)
@@ -169,6 +176,15 @@ class KVBuffer:
                 for buffer in self.buffers:  # target < source: never overwrites a row still to move
                     buffer[target, :, :length] = buffer[source, :, :length]
         self.lengths = self.lengths[np.asarray(rows, dtype=np.int64)]
+        return self
+
+    def reorder(self, rows: Sequence[int] | np.ndarray) -> KVBuffer:
+        """Row i becomes a copy of row ``rows[i]`` (beam search: survivors, repeated): copies every prefix."""
+        index = np.asarray(rows, dtype=np.int64)
+        width = int(self.lengths[index].max(initial=0))
+        for buffer in self.buffers:
+            buffer[: len(index), :, :width] = buffer[index, :, :width]  # the right side is gathered first
+        self.lengths = self.lengths[index]
         return self
 
 

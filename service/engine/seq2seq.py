@@ -9,6 +9,12 @@ costs what its longest live row costs, not more.
 Beam search keeps `beam_size` rows per request, scores finished hypotheses
 with a length penalty (sum of log-probs / length ** alpha, as in GNMT / HF),
 and stops a request when no live beam can beat its worst kept hypothesis.
+
+With an in-place step graph for the decoder (``LoadedModel.inplace``), the
+self-attention cache is a ``KVBuffer`` as long as the call's step limit, which
+each step writes its new column into instead of concatenating; rows leave by
+``keep`` and beams are regrouped by ``reorder`` (a gather of the valid prefix,
+as any beam search must copy).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .kv_cache import CacheLayout
+from .decoder_graph import inplace_step
+from .kv_cache import CacheLayout, KVBuffer
 from .manifest import Manifest, required
 from .runtime import Graph
 from .sampling import logprobs
@@ -53,8 +60,13 @@ class _RequestBeams:
         return best_live_logprob / max(length, 1) ** self.length_penalty <= self.done[-1].score
 
 
+SelfCache = list[np.ndarray] | KVBuffer  # the decoder's past: Concat tensors, or a buffer updated in place
+
+
 class Seq2SeqModel:
-    def __init__(self, encoder: Graph, decoder: Graph, manifest: Manifest) -> None:
+    def __init__(
+        self, encoder: Graph, decoder: Graph, manifest: Manifest, inplace: Graph | None = None
+    ) -> None:
         self.encoder = encoder
         self.decoder = decoder
         self.pad_id, self.bos_id, self.eos_id = (manifest.token(t) for t in ("pad", "bos", "eos"))
@@ -64,6 +76,24 @@ class Seq2SeqModel:
         self.cross_mask_name = cross.mask_input
         self.max_target_length = required(manifest.max_target_length)
         self.max_position = required(manifest.max_sequence_length)
+        self._inplace = inplace_step(inplace, self.layout) if inplace is not None else None
+
+    @property
+    def in_place(self) -> bool:
+        return self._inplace is not None
+
+    def _empty(self, rows: int, limit: int) -> SelfCache:
+        """The first step's past: a buffer of ``limit`` columns (the last step writes column limit - 1)."""
+        if self._inplace is not None:
+            return KVBuffer.empty(self.layout, max(limit, 1), rows)
+        return self.layout.empty(rows)
+
+    @staticmethod
+    def _rows(cache: SelfCache, rows: np.ndarray) -> SelfCache:
+        """Row i of the result is row ``rows[i]``: leaving rows (ascending) or regrouped beams."""
+        if isinstance(cache, KVBuffer):
+            return cache.reorder(rows)
+        return [p[rows] for p in cache]
 
     def encode(self, sources: list[list[int]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Right-padded source batch -> cross-attention keys/values by name, and the source mask."""
@@ -82,10 +112,14 @@ class Seq2SeqModel:
         step: int,
         src_mask: np.ndarray,
         cross: dict[str, np.ndarray],
-        past: list[np.ndarray],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        past: SelfCache,
+    ) -> tuple[np.ndarray, SelfCache]:
         """One decoder step for every row: (rows,) new tokens -> log-probs (rows, V) and the grown cache."""
         rows = len(tokens)
+        if isinstance(past, KVBuffer):
+            assert self._inplace is not None, "a KVBuffer needs the in-place step graph"
+            logits = self._inplace(tokens, past, {self.cross_mask_name: src_mask, **cross})
+            return logprobs(logits[:, -1, :]), past
         feeds = {
             "input_ids": tokens.reshape(rows, 1).astype(np.int64),
             "attention_mask": np.ones((rows, step + 1), dtype=np.int64),
@@ -112,11 +146,11 @@ class Seq2SeqModel:
         n = len(sources)
         live = np.arange(n)  # original row of each live row
         tokens = np.full(n, self.bos_id, dtype=np.int64)
-        past = self.layout.empty(n)
+        limit = min(max_new_tokens, self.max_new_tokens)
+        past = self._empty(n, limit)
         generated: list[list[int]] = [[] for _ in range(n)]
         total = np.zeros(n)
         results: list[Hypothesis | None] = [None] * n
-        limit = min(max_new_tokens, self.max_new_tokens)
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
             tokens = lp.argmax(-1)
@@ -132,7 +166,7 @@ class Seq2SeqModel:
                 idx = np.array(keep, dtype=np.int64)
                 live, tokens, src_mask = live[idx], tokens[idx], src_mask[idx]
                 cross = {k: v[idx] for k, v in cross.items()}
-                past = [p[idx] for p in past]
+                past = self._rows(past, idx)
             if not len(live):
                 break
         for row in live:
@@ -158,14 +192,14 @@ class Seq2SeqModel:
         cross, src_mask = self.encode(sources)
         cross = {name: np.repeat(v, k, axis=0) for name, v in cross.items()}  # (n * k, H, S, Dh)
         src_mask = np.repeat(src_mask, k, axis=0)
-        past = self.layout.empty(n * k)
+        limit = min(max_new_tokens, self.max_new_tokens)
+        past = self._empty(n * k, limit)
         beam_logprob = np.full((n, k), -np.inf)
         beam_logprob[:, 0] = 0.0  # one live beam per request at the start
         beam_tokens: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
         tokens = np.full(n * k, self.bos_id, dtype=np.int64)
         finished = [_RequestBeams(k, length_penalty) for _ in range(n)]
         closed = np.zeros(n, dtype=bool)
-        limit = min(max_new_tokens, self.max_new_tokens)
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
             vocab = lp.shape[-1]
@@ -199,7 +233,7 @@ class Seq2SeqModel:
                     closed[r] = True
             if closed.all():
                 break
-            past = [p[source_rows] for p in past]
+            past = self._rows(past, source_rows)
             tokens, beam_logprob, beam_tokens = next_tokens, next_logprob, next_beam_tokens
         # Rows cut by the length limit: their live beams compete with the finished ones.
         for row in np.flatnonzero(~closed).tolist():
