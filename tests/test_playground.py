@@ -238,3 +238,134 @@ def test_the_docs_pages_render_offline(
     assert "/v1/classify" in browser.find_element(By.TAG_NAME, "body").text
     urls = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert urls and all(u.startswith(server.url) for u in urls), urls
+
+
+def _on_playground(browser: Any, server: LiveServer) -> None:
+    """The docs tests above take the browser to other pages: come back."""
+    if not browser.current_url.endswith("/playground"):
+        browser.get(f"{server.url}/playground")
+
+
+def _attention_on(browser: Any, panel: str, on: bool = True) -> None:
+    from selenium.webdriver.common.by import By
+
+    box = browser.find_element(By.ID, f"{panel}-attn")
+    if box.is_selected() != on:
+        box.click()
+
+
+@pytest.mark.parametrize(
+    ("panel", "fields", "path", "body"),
+    [
+        (
+            "translate",
+            {"translate-text": "A dog runs.", "translate-beam": "2", "translate-n": "1"},
+            "/v1/translate",
+            {"text": "A dog runs.", "beam_size": 2},
+        ),
+        ("classify", {"classify-text": "a dull film"}, "/v1/classify", {"text": "a dull film"}),
+        (
+            "entities",
+            {"entities-text": "Ada Lovelace lived in London."},
+            "/v1/extract",
+            {"task": "entities", "text": "Ada Lovelace lived in London."},
+        ),
+        (
+            "qa",
+            {"qa-question": "Where is it?", "qa-context": "It is in Paris."},
+            "/v1/extract",
+            {"task": "qa", "question": "Where is it?", "context": "It is in Paris."},
+        ),
+    ],
+)
+def test_attention_heatmap_has_a_cell_per_weight(
+    browser: Any,
+    server: LiveServer,
+    api: httpx.Client,
+    panel: str,
+    fields: dict[str, str],
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    """Token x token (BERT) or target x source (translator): one shaded cell per weight, rows labelled."""
+    from selenium.webdriver.common.by import By
+
+    _on_playground(browser, server)
+    _set_key(browser, KEY)
+    for field, value in fields.items():
+        _fill(browser, field, value)
+    _attention_on(browser, panel)
+    out = _submit(browser, panel)
+    expected = api.post(path, json={**body, "return_attention": True}).json()["results"][0]["attention"]
+    heatmap = out.find_element(By.CSS_SELECTOR, f"[data-testid=heatmap-{panel}]")
+    cells = heatmap.find_elements(By.CSS_SELECTOR, ".cell")
+    assert len(cells) == len(expected["rows"]) * len(expected["columns"])
+    labels = [e.get_attribute("textContent") for e in heatmap.find_elements(By.CSS_SELECTOR, ".rowlabel")]
+    assert labels == expected["rows"]
+    first = expected["weights"][0][0]
+    assert cells[0].get_attribute("title").endswith(f": {first:.4f}")
+    _attention_on(browser, panel, on=False)
+
+
+def test_attention_layer_and_head_can_be_chosen(browser: Any, server: LiveServer, api: httpx.Client) -> None:
+    """The selects learn the model's layers and heads from the first map; a chosen pair is what is drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _on_playground(browser, server)
+    _set_key(browser, KEY)
+    _fill(browser, "classify-text", "a dull film")
+    _attention_on(browser, "classify")
+    _submit(browser, "classify")
+    layers = Select(browser.find_element(By.ID, "classify-layer"))
+    heads = Select(browser.find_element(By.ID, "classify-head"))
+    expected = api.post("/v1/classify", json={"text": "a dull film", "return_attention": True}).json()
+    first = expected["results"][0]["attention"]
+    assert len(layers.options) == first["num_layers"] + 1 and len(heads.options) == first["num_heads"] + 1
+    layers.select_by_value("0")
+    heads.select_by_value("1")
+    out = _submit(browser, "classify")
+    chosen = api.post(
+        "/v1/classify",
+        json={"text": "a dull film", "return_attention": True, "attention_layer": 0, "attention_head": 1},
+    ).json()["results"][0]["attention"]
+    cells = out.find_elements(By.CSS_SELECTOR, "[data-testid=heatmap-classify] .cell")
+    titles = [c.get_attribute("title").rsplit(": ", 1)[1] for c in cells]
+    assert titles == [f"{w:.4f}" for row in chosen["weights"] for w in row]
+    assert "layer 0" in out.find_element(By.TAG_NAME, "figcaption").text
+    assert "head 1 of" in out.find_element(By.TAG_NAME, "figcaption").text
+    layers.select_by_value("")
+    heads.select_by_value("")
+    _attention_on(browser, "classify", on=False)
+
+
+def test_vit_attention_is_overlaid_on_the_image(
+    browser: Any, server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    """[CLS] to patches: one semi-transparent cell per patch, laid over the uploaded picture."""
+    import base64
+
+    from selenium.webdriver.common.by import By
+
+    _on_playground(browser, server)
+    _set_key(browser, KEY)
+    png = tmp_path / "bag.png"
+    image = Image.new("L", (28, 28), color=0)
+    image.paste(220, (6, 8, 22, 24))
+    image.save(png, format="PNG")
+    browser.find_element(By.ID, "image-file").send_keys(str(png))
+    _attention_on(browser, "image")
+    out = _submit(browser, "image")
+    expected = api.post(
+        "/v1/classify",
+        json={"image": base64.b64encode(png.read_bytes()).decode(), "return_attention": True},
+    ).json()["results"][0]["attention"]
+    rows, cols = expected["grid"]
+    overlay = out.find_element(By.CSS_SELECTOR, "[data-testid=heatmap-image]")
+    cells = overlay.find_elements(By.CSS_SELECTOR, ".cell")
+    assert len(cells) == rows * cols
+    picture = out.find_element(By.CSS_SELECTOR, ".overlaid img")
+    assert picture.get_attribute("src").startswith("data:image/png;base64,")
+    assert overlay.size == picture.size and overlay.location == picture.location  # exactly over the image
+    assert len(out.find_elements(By.CSS_SELECTOR, ".bar")) == 5
+    _attention_on(browser, "image", on=False)
