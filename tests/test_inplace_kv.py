@@ -15,10 +15,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
 import pytest
 from parity import check_close, check_outputs_equal
+from servers import LiveServer
 from test_generation import GREEDY, PROMPTS, encode, recompute, requests, run_engine, sampled, solo, staggered
 
 from model_export.inplace_kv import SEQLENS, TOTAL, step_difference
@@ -29,6 +31,7 @@ from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
+from service.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -253,3 +256,22 @@ def test_translations_in_place_equal_concat(translators: tuple, beam_size: int) 
         return [[(h.tokens, h.finished) for h in hyps] for hyps in s2s.beam_search(sources, 4, 40, 1.0, 2)]
 
     check_outputs_equal(translate(inplace), translate(concat), name_a="in place", name_b="Concat")
+
+
+# --- what the service says ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["inplace", "concat"])
+def test_models_endpoint_says_how_the_decoders_grow_their_cache(model_repo: Path, mode: str) -> None:
+    settings = Settings(MODEL_REPOSITORY=model_repo, DEVICE="cpu", KV_CACHE=mode, CACHE_ENABLED=False)
+    with LiveServer(settings) as server:
+        models = {m["name"]: m for m in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]}
+        assert models["gpt"]["kv_cache"] == mode and models["translator"]["kv_cache"] == mode
+        assert models["bert-classifier"]["kv_cache"] is None
+        answer = httpx.post(
+            f"{server.url}/v1/generate",
+            json={"prompt": PROMPTS[2], "max_new_tokens": 12, "temperature": 0},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert 1 <= answer.json()["results"][0]["completion_tokens"] <= 12

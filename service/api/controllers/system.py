@@ -71,6 +71,7 @@ def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
         variant=m.variant.name,
         precision=m.variant.precision,
         variant_reason=m.variant.reason,
+        kv_cache=("inplace" if m.inplace else "concat") if m.manifest.kv_cache is not None else None,
         variants={
             name: VariantOut.model_validate(v, from_attributes=True)  # the manifest's record, its public part
             for name, v in m.manifest.variants.items()

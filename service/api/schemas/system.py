@@ -42,6 +42,11 @@ class ModelOut(BaseModel):
     )
     precision: str = Field(description="The served graphs' precision: fp32, int8 or fp16")
     variant_reason: str = Field(description="Why this variant is served, in words")
+    kv_cache: Literal["inplace", "concat"] | None = Field(
+        default=None,
+        description="Decoders: how decoding steps grow the KV cache (inplace: a buffer per running batch "
+        "that each step writes into; concat: a copy of the past per step); null for the other models",
+    )
     variants: dict[str, VariantOut] = Field(
         default_factory=dict,
         description="Every optimized variant the export wrote, with its validation metrics, its difference "
