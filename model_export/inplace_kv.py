@@ -54,14 +54,41 @@ def _before_heads(producer: dict[str, onnx.NodeProto], name: str) -> str | None:
     return node.input[0] if perm == [0, 2, 1, 3] else None
 
 
+def _projection(producer: dict[str, onnx.NodeProto], name: str) -> str | None:
+    """The (B, T, H * Dh) projection that ``Reshape`` then ``Transpose`` split into the heads ``name``."""
+    view = _before_heads(producer, name)
+    reshape = producer.get(view) if view is not None else None
+    return reshape.input[0] if reshape is not None and reshape.op_type == "Reshape" else None
+
+
+def _merged_heads(consumers: dict[str, list[onnx.NodeProto]], name: str) -> list[onnx.NodeProto] | None:
+    """``Transpose(perm=[0, 2, 1, 3])`` then ``Reshape`` back to (B, T, H * Dh) of ``name``, if that is all
+    that reads it: GroupQueryAttention's output is already that tensor."""
+    after = consumers.get(name, [])
+    if len(after) != 1 or after[0].op_type != "Transpose":
+        return None
+    perm = next((list(a.ints) for a in after[0].attribute if a.name == "perm"), None)
+    merge = consumers.get(after[0].output[0], [])
+    if perm != [0, 2, 1, 3] or len(merge) != 1 or merge[0].op_type != "Reshape":
+        return None
+    return [after[0], merge[0]]
+
+
 def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_names: list[str]) -> int:
     """Rewrite every ``Attention`` over a concatenated past into GroupQueryAttention; returns how many.
 
+    GroupQueryAttention reads q, k, v as (B, T, H * Dh) and returns its context that way, so where the
+    graph splits projections into heads (Reshape, Transpose) and merges the context back (Transpose,
+    Reshape), those go too: fewer nodes per step, which is what a one-token step mostly costs.
     Raises ValueError when a layer's past does not feed such an attention (nothing is half rewritten:
     the caller keeps the Concat graph).
     """
     graph = model.graph
     producer = _producers(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
     past = set(past_names)
     hidden = num_heads * head_dim
     flat = numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "inplace_flat_shape")
@@ -78,39 +105,42 @@ def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_
             continue
         key_cat, value_cat = concats
         assert key_cat is not None and value_cat is not None
-        q, k, v = (
-            _before_heads(producer, name) for name in (node.input[0], key_cat.input[1], value_cat.input[1])
-        )
-        if q is None or k is None or v is None:
-            raise ValueError(f"attention {node.name}: q, k or v is not a split into heads")
-        scale = next((a.f for a in node.attribute if a.name == "scale"), 1.0 / np.sqrt(head_dim))
-        present_key, present_value = key_cat.output[0], value_cat.output[0]
         prefix = f"inplace_{rewrites}"
-        nodes = [
-            helper.make_node("Reshape", [q, flat.name], [f"{prefix}_q"]),
-            helper.make_node("Reshape", [k, flat.name], [f"{prefix}_k"]),
-            helper.make_node("Reshape", [v, flat.name], [f"{prefix}_v"]),
+        nodes: list[onnx.NodeProto] = []
+        flat_inputs = []
+        for role, name in (("q", node.input[0]), ("k", key_cat.input[1]), ("v", value_cat.input[1])):
+            projected = _projection(producer, name)
+            if projected is None:  # not a plain split: flatten the heads again
+                split = _before_heads(producer, name)
+                if split is None:
+                    raise ValueError(f"attention {node.name}: its {role} is not a split into heads")
+                nodes.append(helper.make_node("Reshape", [split, flat.name], [f"{prefix}_{role}"]))
+                projected = f"{prefix}_{role}"
+            flat_inputs.append(projected)
+        scale = next((a.f for a in node.attribute if a.name == "scale"), 1.0 / np.sqrt(head_dim))
+        merged = _merged_heads(consumers, node.output[0])
+        context = merged[1].output[0] if merged is not None else f"{prefix}_context"
+        nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [
-                    f"{prefix}_q",
-                    f"{prefix}_k",
-                    f"{prefix}_v",
-                    key_cat.input[0],
-                    value_cat.input[0],
-                    SEQLENS,
-                    TOTAL,
-                ],
-                [f"{prefix}_context", present_key, present_value],
+                [*flat_inputs, key_cat.input[0], value_cat.input[0], SEQLENS, TOTAL],
+                [context, key_cat.output[0], value_cat.output[0]],
                 domain="com.microsoft",
                 name=f"{prefix}_gqa",
                 num_heads=num_heads,
                 kv_num_heads=num_heads,
                 scale=float(scale),
-            ),
-            helper.make_node("Reshape", [f"{prefix}_context", heads.name], [f"{prefix}_context_heads"]),
-            helper.make_node("Transpose", [f"{prefix}_context_heads"], [node.output[0]], perm=[0, 2, 1, 3]),
-        ]
+            )
+        )
+        if merged is None:  # give the graph its (B, H, T, Dh) context back
+            nodes += [
+                helper.make_node("Reshape", [context, heads.name], [f"{prefix}_context_heads"]),
+                helper.make_node(
+                    "Transpose", [f"{prefix}_context_heads"], [node.output[0]], perm=[0, 2, 1, 3]
+                ),
+            ]
+        else:
+            removed.update(id(n) for n in merged)
         replaced[id(node)] = nodes
         removed.update({id(node), id(key_cat), id(value_cat)})
         rewrites += 1

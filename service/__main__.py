@@ -20,11 +20,15 @@ from typing import Any
 
 import uvicorn
 
-from service.settings import Settings
+from service.settings import SHARED_POOL_FLAG, Settings
 
 
 def main() -> None:
     settings = Settings()
+    if settings.ort_thread_pool == "shared" and settings.intra_op_spinning:
+        # This process owns ONNX Runtime: one thread pool for all its sessions (service.engine.runtime).
+        # uvicorn's worker processes (WORKERS > 1) inherit the environment and do the same in create_app.
+        os.environ[SHARED_POOL_FLAG] = "1"
     made_dir = None
     if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Before prometheus_client is imported anywhere: it picks its storage when first imported.

@@ -53,6 +53,7 @@ from service.api.schemas.errors import describe_status
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.context import RequestContextFilter
+from service.engine import runtime
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
 from service.inference.registry import ModelRegistry
@@ -61,7 +62,7 @@ from service.lifecycle import Lifecycle
 from service.metrics import Metrics, multiprocess_enabled
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
-from service.settings import Settings
+from service.settings import SHARED_POOL_FLAG, Settings
 
 log = logging.getLogger("service")
 
@@ -159,6 +160,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
     """The Litestar app for ``settings`` (default: from the environment)."""
     settings = settings if settings is not None else Settings()
     _configure_logging(settings)
+    if os.environ.get(SHARED_POOL_FLAG) == "1" and not runtime.shared_thread_pool_in_use():
+        # python -m service (or one of its workers) owns this process: one ONNX Runtime pool for all.
+        runtime.use_shared_thread_pool(settings.intra_op_threads, settings.inter_op_threads)
     metrics = Metrics.from_settings(settings)
     state = State(
         {

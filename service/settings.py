@@ -31,6 +31,11 @@ Buckets = Annotated[list[float], NoDecode, BeforeValidator(_env_list)]
 Words = Annotated[list[str], NoDecode, BeforeValidator(_env_list)]
 
 
+# Set by ``python -m service`` in its own environment (and so its workers'): create_app then makes all
+# ONNX Runtime sessions of the process share one thread pool (ORT_THREAD_POOL=shared).
+SHARED_POOL_FLAG = "TSERVE_SHARED_THREAD_POOL"
+
+
 class Settings(BaseSettings):
     """All service settings; an unknown keyword in code is an error, unrelated environment variables are not."""
 
@@ -66,6 +71,12 @@ class Settings(BaseSettings):
         "copies the past into a new tensor every step (the exported graphs' own way; always on CUDA)",
     )
     inter_op_threads: int = Field(default=1, ge=0)
+    ort_thread_pool: Literal["shared", "per-session"] = Field(
+        default="shared",
+        description="python -m service: every ONNX Runtime session of the process shares one intra-op "
+        "thread pool of INTRA_OP_THREADS (shared), or each session has its own (per-session, ONNX "
+        "Runtime's default; also what INTRA_OP_SPINNING=false and an app embedded in another process get)",
+    )
     intra_op_spinning: bool = Field(
         default=True,
         description="Let ONNX Runtime's idle intra-op threads spin before sleeping (its default); off, they "

@@ -110,5 +110,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(
         # uvloop and httptools are what serve (uvicorn silently falls back to asyncio and h11 without them).
         served_with = re.findall(r"serving with event loop (\S+), HTTP protocol (\S+)", service.log())
         assert served_with and set(served_with) == {("uvloop.Loop", "HttpToolsProtocol")}, served_with
+        # Each process's ONNX Runtime sessions share one thread pool (ORT_THREAD_POOL=shared, the default).
+        shared = re.findall(r"ONNX Runtime sessions share one thread pool", service.log())
+        assert len(shared) == workers, service.log()[-3000:]
     finally:
         service.stop()
