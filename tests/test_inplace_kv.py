@@ -154,6 +154,26 @@ def test_in_place_greedy_equals_recomputation_alone(gpt: LoadedModel) -> None:
     )
 
 
+def test_step_binding_follows_the_buffers_shape_not_only_its_address(gpt: LoadedModel) -> None:
+    # A new buffer may get a freed one's memory with another length (the translator's buffers are as
+    # long as each call's step limit): the step graph's binding must follow the shape too.
+    graph = DecoderGraph(gpt.graphs["model"], gpt.manifest, gpt.inplace["model"])
+    layout = graph.layout
+    _, cache = graph.prefill([encode(gpt, PROMPTS[3])])
+    memory = [np.zeros(layout.num_heads * 64 * layout.head_dim, np.float32) for _ in layout.past_names]
+
+    def buffer_over(length: int) -> KVBuffer:
+        for m in memory:
+            m[:] = np.nan  # what the last buffer left there must not be read through the new one
+        buffer = KVBuffer(layout, length, capacity=1)
+        buffer.buffers = [m[: m.size * length // 64].reshape(1, layout.num_heads, length, -1) for m in memory]
+        return buffer.extend(cache)
+
+    first, _ = graph.decode(np.array([7]), buffer_over(40))
+    second, _ = graph.decode(np.array([7]), buffer_over(48))  # the same addresses, another shape
+    check_close(second, first, rtol=1e-5, atol=1e-5, name_a="48-column buffer", name_b="40-column buffer")
+
+
 def test_in_place_step_logits_equal_concat_step_logits(gpt: LoadedModel) -> None:
     concat = DecoderGraph(gpt.graphs["model"], gpt.manifest)
     inplace = DecoderGraph(gpt.graphs["model"], gpt.manifest, gpt.inplace["model"])
@@ -235,6 +255,18 @@ def seq2seq(model: LoadedModel) -> Seq2SeqModel:
     return Seq2SeqModel(
         model.graphs["encoder"], model.graphs["decoder"], model.manifest, model.inplace.get("decoder")
     )
+
+
+def test_buffers_of_other_lengths_in_turn(translators: tuple) -> None:
+    # Each call's buffer is as long as its step limit; a new one may reuse the last one's memory, so
+    # the step graph's binding must follow the shape as well as the address.
+    inplace, concat, sources = translators
+    ours, theirs = seq2seq(inplace), seq2seq(concat)
+    for limit in (20, 21, 20, 33, 21, 20):
+        for rows in (sources[:1], sources[:3]):
+            got = [(h.tokens, h.finished) for h in ours.greedy(rows, limit)]
+            want = [(h.tokens, h.finished) for h in theirs.greedy(rows, limit)]
+            assert got == want, f"limit {limit}, {len(rows)} row(s)"
 
 
 def test_translator_decoder_has_an_in_place_step(translators: tuple, tiny_models: Path) -> None:

@@ -88,7 +88,8 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
     bound: dict[str, Any] = {"key": None, "binding": None}
 
     def buffers_bound(buffer: KVBuffer) -> Any:
-        key = (buffer.rows, *(array.ctypes.data for array in buffer.buffers))
+        # The memory and shape bound: a new buffer may reuse a freed one's address with another length.
+        key = (buffer.rows, *((array.ctypes.data, array.shape) for array in buffer.buffers))
         if bound["key"] == key:
             return bound["binding"]
         binding = graph.session.io_binding()
