@@ -16,7 +16,15 @@ from pathlib import Path
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from .manifest import FORMAT_VERSION, MANIFEST, TEXT_TASKS, Manifest, content_version, file_sha256
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    TEXT_TASKS,
+    GraphEntry,
+    Manifest,
+    content_version,
+    file_sha256,
+)
 from .runtime import Graph, RuntimeOptions, expected_device
 from .variants import ServedVariant, ServingDevice, choose_variant
 
@@ -98,17 +106,13 @@ def verify_files(model_dir: Path, manifest: Manifest, check_hashes: bool = True)
         raise ModelLoadError("text model without tokenizer.json")
 
 
-def _open_graphs(
-    model_dir: Path, manifest: Manifest, variant: ServedVariant, options: RuntimeOptions
-) -> dict[str, Graph]:
-    """One session per graph of ``variant``; each must have exactly the reference's inputs and outputs."""
-    graphs: dict[str, Graph] = {}
-    for role, spec in manifest.graphs.items():
-        file = variant.files[role]
-        try:
-            graph = Graph(model_dir / file, options)
-        except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
-            raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
+def _open_graph(model_dir: Path, file: str, options: RuntimeOptions, spec: GraphEntry | None = None) -> Graph:
+    """One session on ``file``; with ``spec``, its inputs and outputs must be exactly the declared ones."""
+    try:
+        graph = Graph(model_dir / file, options)
+    except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
+        raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
+    if spec is not None:
         for kind, declared, actual in (
             ("input", spec.inputs, graph.input_names),
             ("output", spec.outputs, graph.output_names),
@@ -116,8 +120,17 @@ def _open_graphs(
             names = [io.name for io in declared]
             if names != actual:
                 raise ModelLoadError(f"{file} {kind}s are {actual}, the manifest says {names}")
-        graphs[role] = graph
-    return graphs
+    return graph
+
+
+def _open_graphs(
+    model_dir: Path, manifest: Manifest, variant: ServedVariant, options: RuntimeOptions
+) -> dict[str, Graph]:
+    """One session per graph of ``variant``; each must have exactly the reference's inputs and outputs."""
+    return {
+        role: _open_graph(model_dir, variant.files[role], options, spec)
+        for role, spec in manifest.graphs.items()
+    }
 
 
 def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions) -> Graph | None:
@@ -125,18 +138,7 @@ def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions
     spec = manifest.attention_maps
     if spec is None:
         return None
-    try:
-        graph = Graph(model_dir / spec.file, dataclasses.replace(options, device="cpu"))
-    except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
-        raise ModelLoadError(f"ONNX Runtime cannot load {spec.file}: {exc}") from exc
-    for kind, declared, actual in (
-        ("input", spec.inputs, graph.input_names),
-        ("output", spec.outputs, graph.output_names),
-    ):
-        names = [io.name for io in declared]
-        if names != actual:
-            raise ModelLoadError(f"{spec.file} {kind}s are {actual}, the manifest says {names}")
-    return graph
+    return _open_graph(model_dir, spec.file, dataclasses.replace(options, device="cpu"), spec)
 
 
 def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
@@ -164,12 +166,10 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
             variant.reason,
         )
     inplace: dict[str, Graph] = {}
-    if options.kv_cache == "inplace" and landed == "cpu":
-        for role, file in variant.inplace_decode.items():
-            try:
-                inplace[role] = Graph(model_dir / file, options)
-            except Exception as exc:
-                raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
+    if options.kv_cache == "inplace" and landed == "cpu":  # decoding steps with the cache updated in place
+        inplace = {
+            role: _open_graph(model_dir, file, options) for role, file in variant.inplace_decode.items()
+        }
     attention = _open_attention(model_dir, manifest, options)
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
