@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .fusion import _drop_dead_nodes
+from .fusion import _constant, _drop_dead_nodes
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,45 @@ def _merged_heads(consumers: dict[str, list[onnx.NodeProto]], name: str) -> list
     return [after[0], merge[0]]
 
 
+def _packed_projection(
+    graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto], projections: list[str], prefix: str
+) -> tuple[list[onnx.NodeProto], str] | None:
+    """q, k and v as one MatMul and one Add of (B, T, 3 D), where each is ``Add(MatMul(x, W), b)`` of the
+    same x with constant W and b: GroupQueryAttention takes them packed, one kernel instead of six."""
+    parts: list[tuple[str, np.ndarray, np.ndarray]] = []
+    for name in projections:
+        add = producer.get(name)
+        if add is None or add.op_type != "Add":
+            return None
+        found = None
+        for product, bias_name in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+            matmul, bias = producer.get(product), _constant(graph, bias_name)
+            if matmul is not None and matmul.op_type == "MatMul" and bias is not None and bias.ndim == 1:
+                weight = _constant(graph, matmul.input[1])
+                if weight is not None and weight.ndim == 2:
+                    found = (matmul.input[0], weight, bias)
+        if found is None:
+            return None
+        parts.append(found)
+    if len({x for x, _, _ in parts}) != 1:
+        return None
+    weight = numpy_helper.from_array(np.concatenate([w for _, w, _ in parts], axis=1), f"{prefix}_qkv_weight")
+    bias = numpy_helper.from_array(np.concatenate([b for _, _, b in parts]), f"{prefix}_qkv_bias")
+    graph.initializer.extend([weight, bias])
+    nodes = [
+        helper.make_node("MatMul", [parts[0][0], weight.name], [f"{prefix}_qkv_product"]),
+        helper.make_node("Add", [f"{prefix}_qkv_product", bias.name], [f"{prefix}_qkv"]),
+    ]
+    return nodes, f"{prefix}_qkv"
+
+
 def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_names: list[str]) -> int:
     """Rewrite every ``Attention`` over a concatenated past into GroupQueryAttention; returns how many.
 
     GroupQueryAttention reads q, k, v as (B, T, H * Dh) and returns its context that way, so where the
     graph splits projections into heads (Reshape, Transpose) and merges the context back (Transpose,
-    Reshape), those go too: fewer nodes per step, which is what a one-token step mostly costs.
+    Reshape), those go too, and where q, k and v are plain projections of one input (fp32) they become
+    one packed MatMul + Add: fewer nodes per step, which is what a one-token step mostly costs.
     Raises ValueError when a layer's past does not feed such an attention (nothing is half rewritten:
     the caller keeps the Concat graph).
     """
@@ -117,6 +150,10 @@ def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_
                 nodes.append(helper.make_node("Reshape", [split, flat.name], [f"{prefix}_{role}"]))
                 projected = f"{prefix}_{role}"
             flat_inputs.append(projected)
+        packed = _packed_projection(graph, producer, flat_inputs, prefix) if not nodes else None
+        if packed is not None:  # one (B, T, 3 D) input; key and value are left out
+            nodes += packed[0]
+            flat_inputs = [packed[1], "", ""]
         scale = next((a.f for a in node.attribute if a.name == "scale"), 1.0 / np.sqrt(head_dim))
         merged = _merged_heads(consumers, node.output[0])
         context = merged[1].output[0] if merged is not None else f"{prefix}_context"

@@ -68,6 +68,9 @@ def test_step_graph_attends_in_place_with_one_gqa_per_layer(tiny_models: Path, v
     assert "attention_mask" not in inputs and {SEQLENS, TOTAL, "input_ids", "position_ids"} <= set(inputs)
     for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
         assert gqa.input[3].startswith("past_key.") and gqa.output[1].startswith("present_key.")
+        if variant == "fused":  # q, k, v projected by one packed MatMul (int8's are quantized apart)
+            assert gqa.input[1] == gqa.input[2] == "", list(gqa.input)
+    assert ops["Reshape"] == 0, "no splitting into heads and merging back around the attention"
     # the export measured it against the variant's own Concat step, and the file is hashed
     assert record["inplace_max_abs_diff"] <= 1e-5
     assert record["inplace_decode"]["model"] in manifest(tiny_models)["files"]
