@@ -156,15 +156,22 @@ def test_generate_streams_tokens_before_the_end(browser: Any, api: httpx.Client)
     _set_key(browser, KEY)
     for field, value in (("generate-prompt", "ROMEO:"), ("generate-max", "24"), ("generate-seed", "7")):
         _fill(browser, field, value)
-    # Record when the first token and the final line appear, as the page updates.
+    # Record, in the order the page made its DOM changes, where the first token and the final line came
+    # (mutation records, not clock readings: a fast stream's events may all land in one observer call).
     browser.execute_script(
         """
         window.seen = {firstToken: null, done: null};
-        new MutationObserver(() => {
-          const now = performance.now();
-          if (seen.firstToken === null && document.querySelector('#generate-out .token')) seen.firstToken = now;
-          if (seen.done === null && document.getElementById('generate-meta').textContent.includes('tokens'))
-            seen.done = now;
+        let n = 0;
+        const meta = document.getElementById('generate-meta');
+        new MutationObserver((records) => {
+          for (const r of records) {
+            n += 1;
+            const added = [...r.addedNodes];
+            if (seen.firstToken === null && added.some((x) => x.nodeType === 1 && x.matches('.token')))
+              seen.firstToken = n;
+            if (seen.done === null && r.target === meta && added.some((x) => x.textContent.includes(' tokens ')))
+              seen.done = n;
+          }
         }).observe(document.body, {subtree: true, childList: true, characterData: true});
         """
     )
