@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from service.engine.manifest import KVCacheSpec
+
 from .fusion import _constant, _drop_dead_nodes
 
 log = logging.getLogger(__name__)
@@ -247,9 +249,9 @@ def step_difference(
     """
     import onnxruntime as ort
 
-    heads, head_dim, layers = int(kv["num_heads"]), int(kv["head_dim"]), int(kv["num_layers"])
-    past_names = [n.format(i=i) for i in range(layers) for n in (kv["past_key"], kv["past_value"])]
-    present_names = [n.format(i=i) for i in range(layers) for n in (kv["present_key"], kv["present_value"])]
+    spec = KVCacheSpec.model_validate(kv)  # the manifest's kv_cache section, typed
+    heads, head_dim = spec.num_heads, spec.head_dim
+    past_names, present_names = spec.past_names, spec.present_names
     rng = np.random.default_rng(0)
     rows, width, capacity = len(lengths), max(lengths), max(lengths) + 4
     lens = np.array(lengths, np.int64)

@@ -32,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from service.engine.manifest import MANIFEST, Manifest, content_version, file_sha256
+from service.engine.manifest import MANIFEST, KVCacheSpec, Manifest, content_version, file_sha256
 from service.engine.variants import VariantChoice
 
 from .fusion import fuse_attention, op_counts, optimize
@@ -173,14 +173,12 @@ def _write_inplace(
     written: dict[str, dict[str, str]] = {}
     if graph is None or kv is None:
         return written
-    past_names = [
-        n.format(i=i) for i in range(int(kv["num_layers"])) for n in (kv["past_key"], kv["past_value"])
-    ]
+    spec = KVCacheSpec.model_validate(kv)  # the manifest's kv_cache section, typed
     for variant in INPLACE_VARIANTS:
         source = files[variant][graph]
         model = onnx.load(str(folder / source))
         try:
-            rewritten = rewrite_inplace(model, int(kv["num_heads"]), int(kv["head_dim"]), past_names)
+            rewritten = rewrite_inplace(model, spec.num_heads, spec.head_dim, spec.past_names)
         except ValueError as exc:
             log.warning("%s %s: no in-place KV step graph: %s", folder.name, variant, exc)
             continue

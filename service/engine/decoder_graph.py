@@ -124,12 +124,10 @@ class DecoderGraph:
     updates it in place; otherwise caches stay ``KVCache`` and every step concatenates.
     """
 
-    def __init__(
-        self, graph: Graph, manifest: Manifest, inplace: Graph | None = None, max_length: int | None = None
-    ) -> None:
+    def __init__(self, graph: Graph, manifest: Manifest, inplace: Graph | None = None) -> None:
         self.layout = CacheLayout.of(required(manifest.kv_cache))
         self.pad_id = manifest.special_tokens.get("pad", manifest.token("eos"))
-        self.max_length = max_length or required(manifest.max_sequence_length)
+        self.max_length = required(manifest.max_sequence_length)  # the buffer's columns
         self._step = cuda_step(graph, self.layout) if graph.on_cuda else host_step(graph, self.layout)
         self._inplace = inplace_step(inplace, self.layout) if inplace is not None else None
 
