@@ -42,7 +42,7 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,  # uvicorn's never: ours (ACCESS_LOG) has the request id and model (service.api.observe)
+        access_log=False,  # uvicorn's never: ours (ACCESS_LOG) has the request id and model (service.api.http.observe)
         timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)),
     )
     try:

@@ -40,22 +40,22 @@ from litestar.openapi.spec import (
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
 
-from service.api.auth import ApiKeys, require_api_key
-from service.api.controllers import CONTROLLERS
-from service.api.deps import Services, provide_inference, provide_metrics, provide_services
-from service.api.docs_ui import assets_router, render_plugins
-from service.api.errors import EXCEPTION_HANDLERS
-from service.api.limits import RequestLimits
-from service.api.observe import observe_requests
-from service.api.openai_errors import is_openai_path
-from service.api.request_id import ensure_request_id_header
-from service.api.schemas.errors import describe_status
+from service.api.http.auth import ApiKeys, require_api_key
+from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
+from service.api.http.error_body import describe_status
+from service.api.http.errors import EXCEPTION_HANDLERS
+from service.api.http.observe import observe_requests
+from service.api.http.request_id import ensure_request_id_header
+from service.api.openai.errors import is_openai_path
+from service.api.pages.docs_ui import assets_router, render_plugins
+from service.api.routes import CONTROLLERS
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.context import RequestContextFilter
 from service.engine import runtime
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
+from service.inference.limits import RequestLimits
 from service.inference.registry import ModelRegistry
 from service.inference.service import InferenceService
 from service.lifecycle import Lifecycle

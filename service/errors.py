@@ -2,7 +2,7 @@
 
 The engine's own errors (queue full, queue timeout, closed) live in
 ``service.engine.errors``; the HTTP layer maps both families to responses in
-one exception-handler table (``service.api.errors``). Each error names the
+one exception-handler table (``service.api.http.errors``). Each error names the
 request field at fault, so a client can fix the right thing.
 """
 

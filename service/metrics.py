@@ -3,7 +3,7 @@
 The engine knows nothing of Prometheus: its batchers and decoding loops call
 observer hooks (``BatcherObserver``, ``GenerationObserver``), and the
 observers below turn those calls into metrics. HTTP metrics come from the
-request middleware (``service.api.observe``), cache hits and misses from the
+request middleware (``service.api.http.observe``), cache hits and misses from the
 response cache, cache errors from the Redis backend.
 
 Names follow the Prometheus conventions: a ``tserve_`` namespace, base units

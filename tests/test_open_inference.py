@@ -27,7 +27,7 @@ from PIL import Image
 from servers import LiveServer
 from tritonclient.utils import InferenceServerException
 
-from service.api.controllers.v2_tasks import NotOnV2Error, signature
+from service.api.v2.tasks import NotOnV2Error, signature
 from service.app import create_app
 from service.settings import Settings
 

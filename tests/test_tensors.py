@@ -16,8 +16,8 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from service.api.errors import MalformedBodyError
-from service.api.tensors import (
+from service.api.http.errors import MalformedBodyError
+from service.api.v2.tensors import (
     Output,
     decode_binary,
     decode_json,

@@ -10,7 +10,7 @@ import pytest
 from servers import LiveServer, ServiceProcess
 
 from harness.ports import free_port
-from service.api.auth import ApiKeys
+from service.api.http.auth import ApiKeys
 from service.settings import Settings
 
 KEYS = ["k-first-0123456789", "k-second-9876543210"]

@@ -1,0 +1,119 @@
+"""Per-request bookkeeping, in one middleware: the request id (``request_id.py``), the request context
+(id, model) for logs, in-flight counting, HTTP metrics, and the access log.
+
+One middleware rather than one per job: each ASGI layer wraps ``send`` and ``receive`` again, and a
+request crosses every layer several times. It runs once a route matched (so the route label is the
+path template, never a client-chosen path). The model label is
+whatever model the inference layer resolved for the request (empty for
+routes without one), so failed requests are attributed too.
+
+The access log line (logger ``service.access``, INFO) holds the request id,
+method, route, status, model, body sizes and seconds: never request or
+response content.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
+
+from service.api.http.raw_errors import send_error
+from service.api.http.request_id import assign_request_id, with_request_id
+from service.context import RequestContext, bind, unbind
+from service.lifecycle import Lifecycle
+from service.metrics import Metrics
+
+access_log = logging.getLogger("service.access")
+
+
+# Probes and scrapes are answered whatever the load: they are how operators see it.
+_ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
+
+
+def observe_requests(
+    metrics: Metrics, lifecycle: Lifecycle, max_in_flight: int, log_access: bool = True
+) -> Callable[[ASGIApp], ASGIApp]:
+    # The labelled children per (route, method, model, status): prometheus_client's labels() takes a
+    # lock and builds a key on every call, a measurable share of the event loop's time per request.
+    cache: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
+
+    def children(route: str, method: str, model: str, status: int) -> tuple[Any, Any]:
+        key = (route, method, model, status)
+        if key not in cache:
+            labels = (route, method, model, str(status))
+            cache[key] = (metrics.http_requests.labels(*labels), metrics.http_latency.labels(*labels))
+        return cache[key]
+
+    def middleware_factory(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            rid = assign_request_id(scope)
+            route = scope.get("path_template") or "unmatched"
+            method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
+            if lifecycle.in_flight >= max_in_flight and not route.startswith(_ALWAYS_ANSWERED):
+                # Past the model queues' own bounds: refuse before the body is even read.
+                children(route, method, "", 503)[0].inc()
+
+                async def send_refusal(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        with_request_id(message, rid)
+                    await send(message)
+
+                await send_error(
+                    scope,
+                    send_refusal,
+                    503,
+                    "overloaded",
+                    f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
+                    "retry later",
+                    headers={"Retry-After": "1"},
+                )
+                return
+            context = RequestContext(request_id=rid)
+            token = bind(context)
+            status = 500  # unless a response starts: an exception escaping here becomes a 500
+            in_flight = metrics.http_in_flight.labels(route)
+            in_flight.inc()
+            lifecycle.request_started()
+            started = time.perf_counter()
+            sizes = [0, 0]  # body bytes received, sent
+
+            async def receive_observed() -> ReceiveMessage:
+                message = await receive()
+                if message["type"] == "http.request":
+                    sizes[0] += len(message.get("body", b""))
+                return message
+
+            async def send_observed(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    with_request_id(message, rid)
+                elif message["type"] == "http.response.body":
+                    sizes[1] += len(message.get("body", b""))
+                await send(message)
+
+            try:
+                await app(scope, receive_observed, send_observed)
+            finally:
+                elapsed = time.perf_counter() - started
+                requests, latency = children(route, method, context.model, status)
+                requests.inc()
+                latency.observe(elapsed)
+                if log_access:
+                    access_log.info(
+                        "%s %s %d in=%dB out=%dB %.3fs", method, route, status, sizes[0], sizes[1], elapsed
+                    )
+                in_flight.dec()
+                lifecycle.request_finished()
+                unbind(token)
+
+        return middleware
+
+    return middleware_factory

@@ -1,0 +1,51 @@
+"""Request ids: taken from the client's X-Request-ID when sane, else made up; echoed on every response.
+
+Error bodies carry it too, so a client's bug report points at one log line.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.datastructures import MutableScopeHeaders
+from litestar.types import Message, Scope
+
+HEADER = "x-request-id"
+STATE_KEY = "request_id"
+_SANE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    state = connection.scope.get("state") or {}
+    value = state.get(STATE_KEY)
+    return str(value) if value is not None else None
+
+
+_HEADER_BYTES = HEADER.encode()
+
+
+def assign_request_id(scope: Scope) -> str:
+    """The client's X-Request-ID when sane, else a new one; kept in the scope's state for handlers and logs.
+
+    Called by the request middleware (``service.api.http.observe``), first thing for every routed request.
+    """
+    given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER_BYTES), "")
+    rid = given if _SANE.match(given) else uuid.uuid4().hex
+    scope.setdefault("state", {})[STATE_KEY] = rid  # type: ignore[typeddict-item]
+    return rid
+
+
+def with_request_id(message: Any, rid: str) -> None:
+    """Add the X-Request-ID header to a response start message."""
+    message["headers"] = [*message.get("headers", []), (_HEADER_BYTES, rid.encode())]
+
+
+async def ensure_request_id_header(message: Message, scope: Scope) -> None:
+    """A ``before_send`` hook: answers that no route produced (404, 405) get an X-Request-ID too."""
+    if message["type"] == "http.response.start":
+        headers = message.get("headers") or []
+        if not any(k.lower() == _HEADER_BYTES for k, _ in headers):
+            MutableScopeHeaders.from_message(message).setdefault(HEADER, uuid.uuid4().hex)

@@ -1,0 +1,194 @@
+"""The OpenAI-compatible routes' bodies: GET /v1/models is in ``system.py``; POST /v1/completions here.
+
+Field names, defaults and ranges are OpenAI's legacy Completions API, plus vLLM's
+``top_k`` and ``repetition_penalty`` (the ``openai`` client sends those in
+``extra_body``). Parameters this service cannot honour are refused with a 400
+naming them (``suffix``, ``logit_bias``, ``best_of`` other than ``n``), never
+silently ignored; unknown fields too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from service.api.rest.schemas.common import ModelName, Text, json_body, json_schema_of
+from service.engine.sampling import SamplingParams
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs (OpenAI's own limit is 5)
+StopString = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = Field(
+        default=False, description="Send a last chunk with empty `choices` and the request's `usage`"
+    )
+
+
+def _unsupported(field: str, why: str) -> PydanticCustomError:
+    return PydanticCustomError("unsupported", "{field} is not supported: {why}", {"field": field, "why": why})
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's ``POST /v1/completions`` body. Every prompt x ``n`` choice is one sequence in the engine's
+    running batch; choice ``i`` of a seeded request samples with ``seed + i`` (as vLLM does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelName = Field(description="A text-generation model's name (GET /v1/models)")
+    prompt: Text | list[Text] = Field(
+        description="One prompt or a list (at most MAX_ITEMS, each at most MAX_TEXT_CHARS characters); "
+        "token-id prompts are not accepted"
+    )
+    max_tokens: int | None = Field(
+        default=DEFAULT_MAX_TOKENS,
+        ge=1,
+        description="New tokens per choice, at most MAX_NEW_TOKENS; default (and null) 16. Also ends at the "
+        "model's context (finish_reason length)",
+    )
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 = greedy")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
+    n: int | None = Field(default=None, ge=1, le=128, description="Choices per prompt; default 1")
+    stop: StopString | list[StopString] | None = Field(
+        default=None, description="Up to 8 strings; the text ends before the first one (finish_reason stop)"
+    )
+    seed: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="Reproducible sampling; choice i uses seed + i"
+    )
+    stream: bool | None = Field(default=None, description="Answer with OpenAI's Server-Sent Events chunks")
+    stream_options: StreamOptions | None = Field(default=None, description="Only with stream: true")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Log-probabilities of each token and of the N most likely alternatives "
+        "(the model's raw distribution: before temperature, penalties, top-k/top-p)",
+    )
+    echo: bool | None = Field(
+        default=None, description="Put the prompt before the completion (with its logprobs, when asked)"
+    )
+    presence_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0, description="OpenAI's: minus presence x (count > 0); default 0"
+    )
+    frequency_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0, description="OpenAI's: minus frequency x count; default 0"
+    )
+    top_k: int | None = Field(default=None, ge=-1, le=1000, description="vLLM's extra; 0 or -1 = off")
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, le=10.0, description="vLLM's extra (CTRL rule, prompt and output); 1 = off"
+    )
+    user: str | None = Field(default=None, max_length=256, description="Accepted and ignored")
+    best_of: int | None = Field(default=None, ge=1, description="Only null or equal to n (no re-ranking)")
+    suffix: str | None = Field(default=None, description="Refused: this GPT does no insertion")
+    logit_bias: dict[str, float] | None = Field(default=None, description="Refused unless empty")
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise PydanticCustomError("too_short", "must hold at least one prompt", {"field": "prompt"})
+        if isinstance(self.stop, list) and len(self.stop) > 8:
+            raise PydanticCustomError("too_long", "at most 8 stop strings", {"field": "stop"})
+        if self.suffix is not None:
+            raise _unsupported("suffix", "the model only continues text")
+        if self.logit_bias:
+            raise _unsupported("logit_bias", "no per-token bias in the sampler")
+        if self.best_of is not None and self.best_of != self.choices:
+            raise _unsupported("best_of", "choices are not re-ranked; leave it out or equal to n")
+        if self.stream_options is not None and not self.stream:
+            raise PydanticCustomError(
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+                {"field": "stream_options"},
+            )
+        return self
+
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def fields_and_prompts(self) -> list[tuple[str, str]]:
+        if isinstance(self.prompt, str):
+            return [("prompt", self.prompt)]
+        return [(f"prompt[{i}]", p) for i, p in enumerate(self.prompt)]
+
+    @property
+    def choices(self) -> int:
+        return self.n if self.n is not None else 1
+
+    @property
+    def new_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+
+    def sampling_params(self, choice: int = 0) -> SamplingParams:
+        """The engine's parameters for choice ``choice`` of every prompt (its seed: ``seed + choice``)."""
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            max_new_tokens=self.new_tokens,
+            temperature=self.temperature if self.temperature is not None else 1.0,
+            top_k=max(self.top_k or 0, 0),
+            top_p=self.top_p if self.top_p is not None else 1.0,
+            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            stop=tuple(stop),
+            seed=self.seed + choice if self.seed is not None else None,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo else None,
+        )
+
+
+CompletionBody = Annotated[CompletionRequest, json_body(CompletionRequest)]
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs: one entry per token of the choice's text (the prompt's first with echo)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None] = Field(description="None for the prompt's first token (echo)")
+    top_logprobs: list[dict[str, float] | None] = Field(description="The `logprobs` most likely tokens")
+    text_offset: list[int] = Field(description="Each token's character offset in the choice's text")
+
+
+class CompletionChoice(BaseModel):
+    index: int = Field(description="prompt index x n + choice")
+    text: str
+    finish_reason: Literal["stop", "length"] | None = Field(
+        description="stop: end of text or a stop string; length: max_tokens or the model's context; "
+        "null in a stream's chunks before the last of the choice"
+    )
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    """The answer, and (with stream: true) each ``data:`` chunk, whose ``usage`` is null but in the last
+    chunk of ``stream_options.include_usage`` (with empty ``choices``)."""
+
+    id: str = Field(description="cmpl-...")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(description="Unix seconds")
+    model: str
+    system_fingerprint: str | None = Field(default=None, description="The model's version (content hash)")
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+def chunk_schema() -> dict[str, Any]:
+    """One ``data:`` event of a streamed completion, for the OpenAPI document."""
+    return {
+        "description": "Server-Sent Events `data: {chunk}` (a CompletionResponse without usage, one per "
+        "token and choice), then `data: [DONE]`; no `event:` lines",
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": json_schema_of(CompletionResponse, mode="serialization"),
+    }

@@ -1,0 +1,139 @@
+"""POST /v1/classify (JSON: text or base64 images) and POST /v1/classify/image (multipart upload).
+
+Images travel base64 in JSON on the shared path, and as a file on the
+sibling path: one path cannot take both without guessing from the
+Content-Type, and separate paths document (and validate) each form clearly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any
+
+from litestar import Controller, Request, post
+from litestar.enums import RequestEncodingType
+from litestar.params import Body
+
+from service.api.http.deps import Services
+from service.api.http.disconnect import unless_disconnected
+from service.api.http.errors import INFERENCE_ERRORS
+from service.api.http.guards import require_json, require_multipart
+from service.api.rest.envelope import cache_control, envelope
+from service.api.rest.schemas.classify import (
+    MAX_TOP_K,
+    ClassificationOut,
+    ClassifyBody,
+    ClassifyResponse,
+    ImageUpload,
+)
+from service.errors import InvalidInputError
+from service.pipelines.attention import AttentionQuery
+
+
+def decode_base64_image(field: str, value: str, max_bytes: int) -> bytes:
+    """Base64 (standard alphabet, line breaks allowed, optional ``data:image/...;base64,`` prefix) -> bytes."""
+    if value.startswith("data:"):
+        header, _, value = value.partition(",")
+        if not header.endswith(";base64"):
+            raise InvalidInputError("a data: URL must be base64-encoded", field, "undecodable_image")
+    value = "".join(value.split())
+    if len(value) > 4 * (max_bytes // 3 + 1):  # refuse before decoding what could only be too large
+        raise InvalidInputError(f"image is over {max_bytes} bytes (MAX_IMAGE_BYTES)", field, "too_large")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInputError(f"image is not valid base64: {exc}", field, "undecodable_image") from exc
+
+
+class ClassifyController(Controller):
+    path = "/v1/classify"
+    tags = ("classification",)
+
+    @post(
+        status_code=200,
+        before_request=require_json,
+        responses=INFERENCE_ERRORS,
+        summary="Classify texts or images",
+    )
+    async def classify(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        data: ClassifyBody,
+    ) -> ClassifyResponse:
+        """Text (SST-2 sentiment by default) or base64 PNG/JPEG images (Fashion-MNIST by default).
+
+        A named model must serve the input's kind: an image for a text model is
+        a 422 naming ``model``.
+        """
+        inputs = data.fields_and_values()
+        services.limits.items(data.input_field, len(inputs))
+        if data.is_image:
+            images = [
+                decode_base64_image(field, value, services.limits.max_image_bytes) for field, value in inputs
+            ]
+            for (field, _), image in zip(inputs, images, strict=True):
+                services.limits.image(field, image)
+            work = services.inference.classify_images(
+                images,
+                data.top_k,
+                data.model,
+                data.input_field,
+                [field for field, _ in inputs],
+                cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
+            )
+        else:
+            services.limits.texts(inputs)
+            work = services.inference.classify_texts(
+                [t for _, t in inputs],
+                data.top_k,
+                data.model,
+                data.input_field,
+                cache_control(request, data.cache),
+                data.attention_query(services.settings.attention_max_tokens),
+            )
+        outcome = await unless_disconnected(request, work)
+        return ClassifyResponse(
+            **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
+        )
+
+    @post(
+        "/image",
+        status_code=200,
+        before_request=require_multipart,
+        responses=INFERENCE_ERRORS,
+        summary="Classify one uploaded image (multipart)",
+    )
+    async def classify_upload(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        data: Annotated[ImageUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
+    ) -> ClassifyResponse:
+        """Form fields: ``file`` (PNG/JPEG), optional ``top_k`` (1..100) and ``model``; optional
+        ``return_attention``, ``attention_layer``, ``attention_head`` as in the JSON route."""
+        if not 1 <= data.top_k <= MAX_TOP_K:
+            raise InvalidInputError(f"must be in 1..{MAX_TOP_K}", "top_k", "out_of_range")
+        for name in ("attention_layer", "attention_head"):
+            if getattr(data, name) is not None and not data.return_attention:
+                raise InvalidInputError(
+                    f"{name} needs return_attention: true", name, "needs_return_attention"
+                )
+        if data.attention_head is not None and data.attention_head < 0:
+            raise InvalidInputError("must be at least 0", "attention_head", "out_of_range")
+        attention = (
+            AttentionQuery(data.attention_layer, data.attention_head, services.settings.attention_max_tokens)
+            if data.return_attention
+            else None
+        )
+        content = await data.file.read()
+        services.limits.image("file", content)
+        work = services.inference.classify_images(
+            [content], data.top_k, data.model or None, "file", ["file"], cache_control(request), attention
+        )
+        outcome = await unless_disconnected(request, work)
+        return ClassifyResponse(
+            **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
+        )

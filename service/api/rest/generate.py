@@ -1,0 +1,82 @@
+"""POST /v1/generate: JSON, or Server-Sent Events with ``stream: true``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from service.api.http.deps import Services
+from service.api.http.disconnect import unless_disconnected
+from service.api.http.errors import INFERENCE_ERRORS
+from service.api.http.guards import require_json
+from service.api.http.openapi import also_answers
+from service.api.http.request_id import request_id_of
+from service.api.rest.envelope import cache_control, envelope
+from service.api.rest.schemas.generate import SSE_EVENT_SCHEMA, GenerateBody, GenerateResponse, GenerationOut
+from service.api.rest.sse import generation_events
+
+_OK = ResponseSpec(
+    data_container=GenerateResponse,
+    description="application/json; with stream: true, text/event-stream instead: one `event: token` per token "
+    "(data: {index, token_id, text}), then `event: done` (data: {model, model_version, finish_reason, text, "
+    "usage}), or `event: error` (data: the error body) if decoding fails mid-stream",
+    generate_examples=False,
+)
+
+
+class GenerateController(Controller):
+    path = "/v1/generate"
+    tags = ("generation",)
+
+    @post(
+        status_code=200,
+        before_request=require_json,
+        responses={**INFERENCE_ERRORS, 200: _OK},
+        operation_class=also_answers({"text/event-stream": SSE_EVENT_SCHEMA}),
+        summary="Generate text (continuous batching)",
+    )
+    async def generate(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        data: GenerateBody,
+    ) -> Response[Any]:
+        """Sampling: temperature (0 = greedy), top_k, top_p, repetition_penalty, stop strings, seed.
+
+        Every prompt of a batch uses the same parameters (and the same seed).
+        Errors found before decoding starts (validation, full queue, prompt
+        too long) are ordinary HTTP errors, also when streaming. (The return
+        type is a plain Response so that a stream keeps its text/event-stream
+        media type; the 200 body is documented by ``_OK``.)
+        """
+        inputs = data.fields_and_prompts()
+        services.limits.items(data.input_field, len(inputs))
+        services.limits.texts(inputs)
+        services.limits.new_tokens("max_new_tokens", data.max_new_tokens)
+        params = data.sampling_params(services.settings.max_new_tokens)
+        services.limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
+        request_id = request_id_of(request) or ""
+        if data.stream:
+            assert data.prompt is not None  # the schema allows streaming a single prompt only
+            pipeline, opened = await services.inference.open_stream(
+                data.prompt, params, data.model, "prompt", request_id
+            )
+            return generation_events(opened, pipeline.name, pipeline.model.version, request_id or None)
+        prompts = [p for _, p in inputs]
+        fields = [f for f, _ in inputs]
+        outcome = await unless_disconnected(
+            request,
+            services.inference.generate(
+                prompts,
+                params,
+                data.model,
+                data.input_field,
+                fields,
+                request_id,
+                cache_control(request, data.cache),
+            ),
+        )
+        results = [GenerationOut.of(g) for g in outcome.results]
+        return Response(GenerateResponse(**envelope(outcome), results=results))

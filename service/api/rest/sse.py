@@ -1,0 +1,81 @@
+"""Server-Sent Events for a streamed generation: ``token`` events, then ``done`` (or ``error``).
+
+Event data is JSON:
+- ``event: token`` -> ``{"index", "token_id", "text"}``, one per generated token;
+- ``event: done`` -> ``{"model", "model_version", "finish_reason", "text", "usage"}``, last;
+- ``event: error`` -> the error body ``{"error": {"type", "message", ...}}``, if decoding fails mid-stream.
+
+When the client disconnects, Litestar cancels the response's stream; the
+``finally`` below then cancels the sequence, so the engine stops decoding it
+at its next step (and counts it in ``cancelled_sequences``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from service.api.http.error_body import ErrorBody, ErrorDetail
+from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
+from service.engine.errors import BatcherClosedError, QueueTimeoutError
+from service.engine.generation_contract import GenerationCancelledError
+from service.pipelines.generate import OpenStream
+
+log = logging.getLogger(__name__)
+
+# Errors a stream may meet that are not bugs (the same kinds as the HTTP error table).
+_STREAM_ERRORS: dict[type[BaseException], str] = {
+    QueueTimeoutError: "queue_timeout",
+    BatcherClosedError: "unavailable",
+    GenerationCancelledError: "cancelled",
+}
+
+
+async def _events(
+    opened: OpenStream, model: str, version: str, request_id: str | None
+) -> AsyncIterator[ServerSentEventMessage]:
+    stream = opened.stream
+    finished = False
+    try:
+        async for event in stream:
+            data = TokenEventOut(index=event.index, token_id=event.token_id, text=event.text)
+            yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
+        result = await stream.result()
+        finished = True
+        usage = {
+            "input_tokens": result.prompt_tokens,
+            "output_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        }
+        done = DoneEventOut(
+            model=model,
+            model_version=version,
+            finish_reason=result.finish_reason,
+            text=result.text,
+            usage=usage,
+        )
+        yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
+    except Exception as exc:  # headers are sent: the failure can only be reported in-band
+        finished = True
+        kind = _STREAM_ERRORS.get(type(exc))
+        if kind is None:
+            log.exception("generation stream failed", exc_info=exc)
+        detail = ErrorDetail(
+            type=kind or "internal_error",
+            message=str(exc) if kind else "generation failed; see the service log",
+            request_id=request_id,
+        )
+        yield ServerSentEventMessage(
+            data=ErrorBody(error=detail).model_dump_json(exclude_none=True), event="error"
+        )
+    finally:
+        if not finished:  # the client went away (or the server is stopping): stop decoding this sequence
+            stream.cancel()
+
+
+def generation_events(
+    opened: OpenStream, model: str, version: str, request_id: str | None
+) -> ServerSentEvent:
+    return ServerSentEvent(_events(opened, model, version, request_id))

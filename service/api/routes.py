@@ -1,0 +1,28 @@
+"""Litestar controllers, one per resource; they only translate between JSON and the inference layer."""
+
+from service.api.openai.completions import CompletionsController
+from service.api.pages.playground import PlaygroundController
+from service.api.rest.classify import ClassifyController
+from service.api.rest.embed import EmbedController, EmbeddingsController
+from service.api.rest.extract import ExtractController
+from service.api.rest.generate import GenerateController
+from service.api.rest.system import HealthController, MetricsController, ModelsController
+from service.api.rest.translate import TranslateController
+from service.api.v2.routes import OpenInferenceController
+
+CONTROLLERS = [
+    TranslateController,
+    ClassifyController,
+    GenerateController,
+    CompletionsController,
+    EmbedController,
+    EmbeddingsController,
+    ExtractController,
+    ModelsController,
+    HealthController,
+    MetricsController,
+    OpenInferenceController,
+    PlaygroundController,
+]
+
+__all__ = ["CONTROLLERS", "HealthController", "MetricsController"]

@@ -1,1 +1,0 @@
-"""Request and response schemas (pydantic), one module per resource."""

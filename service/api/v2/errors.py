@@ -1,0 +1,77 @@
+"""Errors on the Open Inference Protocol v2 routes (``/v2/...``), in its shape: ``{"error": "message"}``.
+
+Nothing is classified here: every exception goes through the same handler as on
+the rest of the API (``errors.EXCEPTION_HANDLERS``, statuses from
+``schemas.errors.ERROR_KINDS``) and its answer is re-dressed as the protocol's
+error object, headers (``Retry-After``) kept. One status differs, as in Triton
+and KServe: a request that fails validation is a 400 (invalid argument), not a
+422, so 400 bad input, 404 unknown model or version, 413 body over the limit,
+429 / 503 with ``Retry-After``.
+
+Use it on a controller (``exception_handlers = V2_EXCEPTION_HANDLERS``,
+``responses=V2_ERRORS``); middlewares that answer before any handler (auth 401,
+overload 503) use ``v2_error_body`` for ``is_v2_path`` through
+``raw_errors.send_error``. A stream broken mid-way ends with one
+``data: {"error": ...}`` chunk (``v2_stream_error``), as Triton's generate_stream does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.types import ExceptionHandlersMap
+
+from service.api.http.error_body import describe_status
+from service.api.http.errors import reshaped_handlers, stream_error
+from service.api.v2.schemas import V2ErrorBody
+
+V2_PREFIX = "/v2"
+
+
+def is_v2_path(path: str) -> bool:
+    return path == V2_PREFIX or path.startswith(V2_PREFIX + "/")
+
+
+def v2_status(status: int) -> int:
+    """Validation failures are 400s in the protocol (Triton's INVALID_ARG); every other status is kept."""
+    return 400 if status == 422 else status
+
+
+def v2_error_body(message: str) -> dict[str, Any]:
+    return {"error": message}
+
+
+def v2_response(response: Response[Any]) -> Response[dict[str, Any]]:
+    """One of ``errors.py``'s answers (``{"error": {type, message, field, ...}}``) in the protocol's shape."""
+    detail = response.content.get("error", {}) if isinstance(response.content, dict) else {}
+    message = str(detail.get("message", "")) or str(detail.get("type", "error"))
+    status = v2_status(response.status_code or 500)
+    return Response(v2_error_body(message), status_code=status, headers=dict(response.headers) or None)
+
+
+V2_EXCEPTION_HANDLERS: ExceptionHandlersMap = reshaped_handlers(v2_response)
+"""``EXCEPTION_HANDLERS`` with the protocol's body: set it as a controller's ``exception_handlers``."""
+
+
+def v2_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The ``data: {"error": ...}`` chunk that ends a generate_stream broken mid-way."""
+    return stream_error(exc, request, v2_response)
+
+
+def v2_error_responses(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error statuses a v2 route answers with, in the protocol's error shape."""
+    return {
+        code: ResponseSpec(
+            data_container=V2ErrorBody,
+            description=describe_status(code)
+            + ("; `validation_error` (a tensor or parameter is invalid)" if code == 400 else ""),
+            generate_examples=False,
+        )
+        for code in codes
+    }
+
+
+V2_ERRORS = v2_error_responses(400, 404, 413, 429, 500, 503)
+"""The statuses a v2 inference route answers with (validation errors are 400s here)."""

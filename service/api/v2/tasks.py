@@ -1,0 +1,523 @@
+"""Each task's tensors on the Open Inference Protocol v2, and how they become an ``InferenceService`` call.
+
+Task-level tensors, as KServe's Hugging Face runtime and Triton ensembles with
+a tokenizer step expose them: text in as ``BYTES``, results out as labels
+(``BYTES``), scores (``FP32``), offsets (``INT64``) and JSON strings where a flat
+tensor cannot hold the item (entity lists). The first axis is the batch:
+inputs are ``[-1]`` (``[-1, 1]`` is accepted too), one element per item.
+
+Nothing runs here but the facade's own methods, so the batchers, response
+cache, limits and metrics are those of the REST routes; the parameters are
+validated by the REST schemas themselves (``GenerateRequest``,
+``TranslateRequest``, ...), so a range has one definition.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from service.api.rest.schemas.classify import ClassifyRequest
+from service.api.rest.schemas.embed import EmbedRequest
+from service.api.rest.schemas.extract import ExtractRequest
+from service.api.rest.schemas.generate import GenerateRequest
+from service.api.rest.schemas.translate import TranslateRequest
+from service.api.v2.tensors import Output, Tensor
+from service.cache.response_cache import CacheControl
+from service.engine.manifest import required
+from service.engine.sampling import SamplingParams
+from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
+from service.inference import InferenceService
+from service.inference.limits import RequestLimits
+from service.pipelines.base import ModelPipeline
+from service.pipelines.results import Outcome
+from service.pipelines.translate import DecodingParams
+from service.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
+
+# Request parameters every model takes: the binary extension's, the response cache's, and Triton's
+# scheduling hints that a dynamic batcher without priorities accepts and ignores.
+COMMON_PARAMETERS = {
+    "binary_data_output": "bool: every output as binary data, unless an output says otherwise",
+    "cache": "bool: false skips the response-cache look-up (the fresh result is still stored)",
+    "priority": "accepted and ignored (one queue per model)",
+    "timeout": "accepted and ignored (the queue has its own deadline)",
+}
+
+
+class NotOnV2Error(ModelNotFoundError):
+    """A loaded model whose task has no tensors here: to a v2 client it is not there (404)."""
+
+    def __init__(self, name: str, task: str) -> None:
+        ServiceError.__init__(
+            self, f"model {name!r} serves {task}, which has no tensors on the v2 protocol", field="model_name"
+        )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    description: str
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one infer request needs besides its tensors."""
+
+    inference: InferenceService
+    limits: RequestLimits
+    settings: Settings
+    cache: CacheControl
+    request_id: str
+
+
+Runner = Callable[
+    [ModelPipeline, Mapping[str, Tensor], Mapping[str, Any], Call],
+    Awaitable[tuple[Outcome[Any], list[Output]]],
+]
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parameters: dict[str, str] = field(default_factory=dict)  # name -> what it does
+
+
+def _item(name: str, datatype: str, description: str) -> TensorSpec:
+    return TensorSpec(name, datatype, (-1,), description)
+
+
+def signature(pipeline: ModelPipeline) -> Signature:
+    """The tensors and parameters of ``pipeline``'s task (``docs/OPEN_INFERENCE_PROTOCOL.md``)."""
+    task = pipeline.task
+    labels = pipeline.model.manifest.labels or []
+    probabilities = TensorSpec(
+        "probabilities", "FP32", (-1, len(labels)), "every label's probability, in the order of `labels`"
+    )
+    if task == "text-classification":
+        return Signature(
+            (_item("text", "BYTES", "UTF-8 text"),),
+            (
+                _item("label", "BYTES", "the most probable label"),
+                _item("score", "FP32", "its probability"),
+                probabilities,
+            ),
+        )
+    if task == "image-classification":
+        return Signature(
+            (_item("image", "BYTES", "PNG/JPEG bytes (base64 of them in JSON, where BYTES are strings)"),),
+            (
+                _item("label", "BYTES", "the most probable label"),
+                _item("score", "FP32", "its probability"),
+                probabilities,
+            ),
+        )
+    if task == "question-answering":
+        return Signature(
+            (_item("question", "BYTES", "UTF-8 question"), _item("context", "BYTES", "UTF-8 context")),
+            (
+                _item("answer", "BYTES", "the answer span's text"),
+                _item("start", "INT64", "its start: a character offset into the context"),
+                _item("end", "INT64", "its end: answer == context[start:end]"),
+                _item("score", "FP32", "p(start) * p(end)"),
+            ),
+        )
+    if task == "token-classification":
+        return Signature(
+            (_item("text", "BYTES", "UTF-8 text"),),
+            (
+                _item(
+                    "entities",
+                    "BYTES",
+                    'JSON array per item: [{"text", "label", "start", "end", "score"}], character offsets',
+                ),
+            ),
+        )
+    if task == "text-generation":
+        return Signature(
+            (_item("prompt", "BYTES", "UTF-8 prompt"),),
+            (
+                _item("text", "BYTES", "the completion, without the prompt"),
+                _item("finish_reason", "BYTES", "length | stop | eos"),
+            ),
+            {name: desc for name, (_, desc) in GENERATION_PARAMETERS.items()},
+        )
+    if task == "translation":
+        return Signature(
+            (_item("text", "BYTES", "UTF-8 English text"),),
+            (
+                _item("translation", "BYTES", "the German translation (best hypothesis)"),
+                _item("finish_reason", "BYTES", "eos | length"),
+                _item(
+                    "score", "FP32", "length-penalised log-probability (beam) or mean token log-probability"
+                ),
+            ),
+            {name: desc for name, (_, desc) in TRANSLATION_PARAMETERS.items()},
+        )
+    if task == "feature-extraction":
+        dimensions = required(pipeline.model.manifest.embedding).dimensions
+        return Signature(
+            (_item("text", "BYTES", "UTF-8 text"),),
+            (
+                TensorSpec(
+                    "embedding", "FP32", (-1, dimensions), "the sentence embedding (unit length by default)"
+                ),
+            ),
+            {name: desc for name, (_, desc) in EMBEDDING_PARAMETERS.items()},
+        )
+    raise NotOnV2Error(pipeline.name, task)  # a new task says its tensors here, and its runner in RUNNERS
+
+
+# --- parameters through the REST schemas ----------------------------------------------------------
+
+# v2 parameter -> (REST schema field, description); aliases name the same field.
+GENERATION_PARAMETERS: dict[str, tuple[str, str]] = {
+    "max_tokens": ("max_new_tokens", "int: tokens to generate (default 64, at most MAX_NEW_TOKENS)"),
+    "max_new_tokens": ("max_new_tokens", "int: the same as max_tokens"),
+    "temperature": ("temperature", "float 0..2: 0 = greedy (default 1)"),
+    "top_k": ("top_k", "int: 0 = off"),
+    "top_p": ("top_p", "float (0, 1]: 1 = off"),
+    "repetition_penalty": ("repetition_penalty", "float: 1 = off"),
+    "seed": ("seed", "int: reproducible sampling"),
+    "stop": ("stop", "string, or a JSON array of strings: generation ends before the first"),
+}
+TRANSLATION_PARAMETERS: dict[str, tuple[str, str]] = {
+    "beam_size": ("beam_size", "int 1..8: 1 = greedy search (default)"),
+    "max_new_tokens": ("max_new_tokens", "int: at most MAX_NEW_TOKENS; default from the source length"),
+    "max_tokens": ("max_new_tokens", "int: the same as max_new_tokens"),
+    "length_penalty": ("length_penalty", "float 0..5: beam score = log-prob / length ** length_penalty"),
+}
+
+EMBEDDING_PARAMETERS: dict[str, tuple[str, str]] = {
+    "normalize": ("normalize", "bool: false gives the mean-pooled vector, not normalised (default true)"),
+}
+
+
+def check_parameters(model: str, parameters: Mapping[str, Any], own: Mapping[str, str]) -> None:
+    """A misspelt parameter must not silently fall back to its default (as on the REST routes)."""
+    for name in parameters:
+        if name not in own and name not in COMMON_PARAMETERS:
+            known = ", ".join(sorted({*own, *COMMON_PARAMETERS}))
+            raise InvalidInputError(
+                f"{model} takes no parameter {name!r} (it takes: {known})",
+                f"parameters.{name}",
+                "unknown_parameter",
+            )
+
+
+def validated(schema: type[M], payload: dict[str, Any], rename: Mapping[str, str]) -> M:
+    """``payload`` through a REST schema; its first error names the v2 input or parameter at fault."""
+    try:
+        return schema.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = list(err.get("loc", ()))
+        if len(loc) >= 3 and loc[0] == "items":  # QA pairs: items[i].question -> question[i]
+            loc = [loc[2], loc[1], *loc[3:]]
+        where = ""
+        if loc:
+            where = rename.get(str(loc[0]), str(loc[0]))
+            where += "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+        where = where or str((err.get("ctx") or {}).get("field") or "")
+        where = rename.get(where, where)
+        message = str(err.get("msg", "invalid"))
+        raise InvalidInputError(
+            f"{where}: {message}" if where else message, where or None, str(err["type"])
+        ) from exc
+
+
+def _rest_fields(
+    parameters: Mapping[str, Any], table: Mapping[str, tuple[str, str]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """v2 parameters -> (REST schema fields, REST field -> the v2 parameter's name for errors)."""
+    fields: dict[str, Any] = {}
+    rename: dict[str, str] = {}
+    for name, value in parameters.items():
+        if name in table:
+            target = table[name][0]
+            if name == "stop" and isinstance(value, str):
+                value = _stop_strings(value)
+            fields[target] = value
+            rename[target] = f"parameters.{name}"
+    return fields, rename
+
+
+def _stop_strings(value: str) -> Any:
+    if value.startswith("["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return [value]
+
+
+def sampling_params(
+    model: str,
+    prompts: Sequence[str],
+    parameters: Mapping[str, Any],
+    limits: RequestLimits,
+    settings: Settings,
+    input_name: str,
+) -> SamplingParams:
+    """Generation parameters, checked as ``POST /v1/generate`` checks them."""
+    check_parameters(model, parameters, {k: v[1] for k, v in GENERATION_PARAMETERS.items()})
+    fields, rename = _rest_fields(parameters, GENERATION_PARAMETERS)
+    body = validated(GenerateRequest, {"prompts": list(prompts), **fields}, {"prompts": input_name, **rename})
+    limits.items(input_name, len(prompts))
+    limits.texts([(f"{input_name}[{i}]", p) for i, p in enumerate(prompts)])
+    limits.new_tokens(rename.get("max_new_tokens", "parameters.max_tokens"), body.max_new_tokens)
+    params = body.sampling_params(settings.max_new_tokens)
+    limits.generation_budget(
+        rename.get("max_new_tokens", "parameters.max_tokens"), len(prompts), params.max_new_tokens
+    )
+    return params
+
+
+def decoding_params(
+    model: str, texts: Sequence[str], parameters: Mapping[str, Any], limits: RequestLimits, input_name: str
+) -> DecodingParams:
+    """Translation parameters, checked as ``POST /v1/translate`` checks them."""
+    check_parameters(model, parameters, {k: v[1] for k, v in TRANSLATION_PARAMETERS.items()})
+    fields, rename = _rest_fields(parameters, TRANSLATION_PARAMETERS)
+    body = validated(TranslateRequest, {"texts": list(texts), **fields}, {"texts": input_name, **rename})
+    budget_field = rename.get("max_new_tokens", "parameters.max_new_tokens")
+    limits.items(input_name, len(texts))
+    limits.texts([(f"{input_name}[{i}]", t) for i, t in enumerate(texts)])
+    limits.new_tokens(budget_field, body.max_new_tokens)
+    limits.generation_budget(budget_field, len(texts), body.max_new_tokens, body.beam_size)
+    return DecodingParams(
+        beam_size=body.beam_size, max_new_tokens=body.max_new_tokens, length_penalty=body.length_penalty
+    )
+
+
+# --- tensors -> Python values ---------------------------------------------------------------------
+
+
+def bind_inputs(model: str, sig: Signature, tensors: Sequence[Tensor]) -> dict[str, Tensor]:
+    """The request's tensors by name, each the declared datatype, batch-shaped, all of one batch size."""
+    expected = {spec.name: spec for spec in sig.inputs}
+    bound: dict[str, Tensor] = {}
+    for tensor in tensors:
+        spec = expected.get(tensor.name)
+        if spec is None:
+            raise InvalidInputError(
+                f"{model} has no input {tensor.name!r} (inputs: {', '.join(expected)})",
+                tensor.name,
+                "unknown_input",
+            )
+        if tensor.name in bound:
+            raise InvalidInputError(f"input {tensor.name!r} is given twice", tensor.name, "duplicate_input")
+        if tensor.datatype != spec.datatype:
+            raise InvalidInputError(
+                f"input {tensor.name!r} is {tensor.datatype}; {model} takes {spec.datatype}",
+                tensor.name,
+                "wrong_datatype",
+            )
+        if len(tensor.shape) not in (1, 2) or (len(tensor.shape) == 2 and tensor.shape[1] != 1):
+            raise InvalidInputError(
+                f"input {tensor.name!r} has shape {list(tensor.shape)}; expected [-1] or [-1, 1] (one element per item)",
+                tensor.name,
+                "wrong_shape",
+            )
+        if tensor.shape[0] == 0:
+            raise InvalidInputError(
+                f"input {tensor.name!r} is empty: give at least one item", tensor.name, "empty"
+            )
+        bound[tensor.name] = tensor
+    for name in expected:
+        if name not in bound:
+            raise InvalidInputError(f"{model} needs input {name!r}", name, "missing_input")
+    sizes = {name: len(t) for name, t in bound.items()}
+    if len(set(sizes.values())) > 1:
+        raise InvalidInputError(
+            f"inputs have different batch sizes: {sizes}", next(iter(sizes)), "batch_mismatch"
+        )
+    return bound
+
+
+def texts_of(tensor: Tensor) -> list[str]:
+    out = []
+    for i, raw in enumerate(tensor.values):
+        try:
+            out.append(bytes(raw).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(
+                f"not valid UTF-8 at byte {exc.start} ({exc.reason})", f"{tensor.name}[{i}]", "invalid_utf8"
+            ) from exc
+    return out
+
+
+def image_of(field_name: str, raw: bytes, max_bytes: int) -> bytes:
+    """The image's bytes: as sent, or base64-decoded when the element is ASCII (JSON BYTES are strings)."""
+    if raw.isascii():
+        if len(raw) > 4 * (max_bytes // 3 + 1):
+            raise InvalidInputError(
+                f"image is over {max_bytes} bytes (MAX_IMAGE_BYTES)", field_name, "too_large"
+            )
+        try:
+            return base64.b64decode(b"".join(raw.split()), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidInputError(
+                f"image is neither PNG/JPEG bytes nor base64: {exc}", field_name, "undecodable_image"
+            ) from exc
+    return raw
+
+
+def _bytes(values: Sequence[str]) -> list[bytes]:
+    return [v.encode("utf-8") for v in values]
+
+
+def _probabilities(results: Sequence[Any], labels: Sequence[str]) -> np.ndarray:
+    index = {label: i for i, label in enumerate(labels)}
+    probs = np.zeros((len(results), len(labels)), dtype=np.float32)
+    for row, result in enumerate(results):
+        for top in result.top:
+            probs[row, index[top.label]] = top.score
+    return probs
+
+
+# --- one runner per task --------------------------------------------------------------------------
+
+
+async def _classify_texts(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {})
+    texts = texts_of(inputs["text"])
+    validated(ClassifyRequest, {"texts": texts}, {"texts": "text"})
+    call.limits.items("text", len(texts))
+    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
+    labels = pipeline.model.manifest.labels or []
+    outcome = await call.inference.classify_texts(texts, len(labels), pipeline.name, "text", call.cache)
+    return outcome, _classification_outputs(outcome, labels)
+
+
+async def _classify_images(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {})
+    tensor = inputs["image"]
+    call.limits.items("image", len(tensor))
+    fields = [f"image[{i}]" for i in range(len(tensor))]
+    images = [
+        image_of(f, bytes(raw), call.limits.max_image_bytes)
+        for f, raw in zip(fields, tensor.values, strict=True)
+    ]
+    for f, image in zip(fields, images, strict=True):
+        call.limits.image(f, image)
+    labels = pipeline.model.manifest.labels or []
+    outcome = await call.inference.classify_images(
+        images, len(labels), pipeline.name, "image", fields, call.cache
+    )
+    return outcome, _classification_outputs(outcome, labels)
+
+
+def _classification_outputs(outcome: Outcome[Any], labels: Sequence[str]) -> list[Output]:
+    n = len(outcome.results)
+    return [
+        Output("label", "BYTES", (n,), _bytes([c.label for c in outcome.results])),
+        Output("score", "FP32", (n,), np.array([c.score for c in outcome.results], dtype=np.float32)),
+        Output("probabilities", "FP32", (n, len(labels)), _probabilities(outcome.results, labels)),
+    ]
+
+
+async def _answer(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {})
+    questions, contexts = texts_of(inputs["question"]), texts_of(inputs["context"])
+    items = [{"question": q, "context": c} for q, c in zip(questions, contexts, strict=True)]
+    validated(ExtractRequest, {"task": "qa", "items": items}, {})
+    call.limits.items("question", len(items))
+    call.limits.texts([(f"question[{i}]", q) for i, q in enumerate(questions)])
+    call.limits.contexts([(f"context[{i}]", c) for i, c in enumerate(contexts)])
+    outcome = await call.inference.answer(
+        list(zip(questions, contexts, strict=True)), pipeline.name, "question", call.cache
+    )
+    n = len(outcome.results)
+    return outcome, [
+        Output("answer", "BYTES", (n,), _bytes([a.answer for a in outcome.results])),
+        Output("start", "INT64", (n,), np.array([a.start for a in outcome.results], dtype=np.int64)),
+        Output("end", "INT64", (n,), np.array([a.end for a in outcome.results], dtype=np.int64)),
+        Output("score", "FP32", (n,), np.array([a.score for a in outcome.results], dtype=np.float32)),
+    ]
+
+
+async def _entities(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {})
+    texts = texts_of(inputs["text"])
+    validated(ExtractRequest, {"task": "entities", "texts": texts}, {"texts": "text"})
+    call.limits.items("text", len(texts))
+    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
+    outcome = await call.inference.entities(texts, pipeline.name, "text", call.cache)
+    rows = [json.dumps([asdict(e) for e in r.entities], ensure_ascii=False) for r in outcome.results]
+    return outcome, [Output("entities", "BYTES", (len(rows),), _bytes(rows))]
+
+
+async def _generate(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    prompts = texts_of(inputs["prompt"])
+    params = sampling_params(pipeline.name, prompts, parameters, call.limits, call.settings, "prompt")
+    fields = [f"prompt[{i}]" for i in range(len(prompts))]
+    outcome = await call.inference.generate(
+        prompts, params, pipeline.name, "prompt", fields, call.request_id, call.cache
+    )
+    n = len(outcome.results)
+    return outcome, [
+        Output("text", "BYTES", (n,), _bytes([g.text for g in outcome.results])),
+        Output("finish_reason", "BYTES", (n,), _bytes([g.finish_reason for g in outcome.results])),
+    ]
+
+
+async def _translate(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    texts = texts_of(inputs["text"])
+    params = decoding_params(pipeline.name, texts, parameters, call.limits, "text")
+    outcome = await call.inference.translate(texts, params, pipeline.name, "text", call.cache)
+    best = [t.sequences[0] for t in outcome.results]
+    n = len(best)
+    return outcome, [
+        Output("translation", "BYTES", (n,), _bytes([s.text for s in best])),
+        Output("finish_reason", "BYTES", (n,), _bytes([s.finish_reason for s in best])),
+        Output("score", "FP32", (n,), np.array([s.score for s in best], dtype=np.float32)),
+    ]
+
+
+async def _embed(
+    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+) -> tuple[Outcome[Any], list[Output]]:
+    check_parameters(pipeline.name, parameters, {k: v[1] for k, v in EMBEDDING_PARAMETERS.items()})
+    texts = texts_of(inputs["text"])
+    fields, rename = _rest_fields(parameters, EMBEDDING_PARAMETERS)
+    body = validated(EmbedRequest, {"texts": texts, **fields}, {"texts": "text", **rename})
+    call.limits.items("text", len(texts))
+    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
+    outcome = await call.inference.embed(texts, body.normalize, pipeline.name, "text", call.cache)
+    vectors = np.array([e.vector for e in outcome.results], dtype=np.float32)
+    return outcome, [Output("embedding", "FP32", vectors.shape, vectors)]
+
+
+RUNNERS: dict[str, Runner] = {
+    "text-classification": _classify_texts,
+    "image-classification": _classify_images,
+    "question-answering": _answer,
+    "token-classification": _entities,
+    "text-generation": _generate,
+    "translation": _translate,
+    "feature-extraction": _embed,
+}
