@@ -40,6 +40,7 @@ from litestar.openapi.spec import (
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
 
+from service.api.grpc.server import GrpcServer
 from service.api.http.auth import ApiKeys, require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.error_body import describe_status
@@ -184,13 +185,16 @@ def create_app(settings: Settings | None = None) -> Litestar:
             prefix=settings.cache_key_prefix,
             observer=metrics,
         )
-        inference = InferenceService(registry, cache)
+        inference = InferenceService(registry, cache, state.limits)
         if lifecycle.draining:  # SIGTERM arrived while loading
             inference.drain()
         app.state.inference = inference
-        app.state.services = Services(inference, state.limits, settings)
+        app.state.services = Services(inference, settings)
+        grpc_server = GrpcServer(inference, lifecycle, settings) if settings.grpc_port is not None else None
         try:
             await inference.start(warmup=settings.warmup)
+            if grpc_server is not None:
+                await grpc_server.start()
             for pipeline in inference.registry.pipelines.values():
                 model = pipeline.model
                 metrics.served(model.name, model.version, model.task, model.provider, model.variant)
@@ -203,6 +207,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             )
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await inference.stop(settings.shutdown_timeout_s)
             await cache.close()
             if multiprocess_enabled():

@@ -12,10 +12,11 @@ from __future__ import annotations
 class ServiceError(Exception):
     """Base of every error the inference layer raises on purpose."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, index: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.index = index  # the item of the request at fault (its position among the inputs), if one
 
 
 class InvalidInputError(ServiceError):
@@ -24,16 +25,20 @@ class InvalidInputError(ServiceError):
     ``reason`` is a short machine-readable word for clients (``too_long``, ``undecodable_image``...).
     """
 
-    def __init__(self, message: str, field: str | None = None, reason: str = "invalid_input") -> None:
-        super().__init__(message, field)
+    def __init__(
+        self, message: str, field: str | None = None, reason: str = "invalid_input", index: int | None = None
+    ) -> None:
+        super().__init__(message, field, index)
         self.reason = reason
 
 
 class TaskMismatchError(InvalidInputError):
     """The named model serves another task than the input asks for (e.g. an image for a text classifier)."""
 
-    def __init__(self, message: str, field: str = "model") -> None:
-        super().__init__(message, field, reason="task_mismatch")
+    def __init__(self, name: str, serves: str, needed: str) -> None:
+        super().__init__(
+            f"model {name!r} serves {serves}; this input needs a {needed} model", "model", "task_mismatch"
+        )
 
 
 class ModelNotFoundError(ServiceError):
@@ -42,6 +47,18 @@ class ModelNotFoundError(ServiceError):
     def __init__(self, name: str, available: list[str]) -> None:
         listed = ", ".join(available) or "none"
         super().__init__(f"model {name!r} is not loaded (loaded: {listed})", field="model")
+        self.name = name
+
+
+class ModelVersionNotFoundError(ModelNotFoundError):
+    """A version that is not the loaded one: 404, as Triton answers an unknown version."""
+
+    def __init__(self, name: str, version: str, loaded: str) -> None:
+        ServiceError.__init__(
+            self,
+            f"Request for unknown model: {name!r} version {version!r} is not found (loaded version: {loaded})",
+            field="model_version",
+        )
         self.name = name
 
 

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Bind address (0.0.0.0 in containers)")
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Open Inference Protocol v2 over gRPC (KServe's GRPCInferenceService) on this port, on "
+        "HOST, in the same process as HTTP; unset: off",
+    )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
 

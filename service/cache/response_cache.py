@@ -17,15 +17,17 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from service.pipelines.base import ModelPipeline
 from service.pipelines.results import Outcome, Usage
 
 from .backends import CacheBackend
 from .keys import response_key
+
+if TYPE_CHECKING:  # the pipelines' attention step imports this module
+    from service.pipelines.base import ModelPipeline
 
 log = logging.getLogger(__name__)
 

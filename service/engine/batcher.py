@@ -337,7 +337,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     async def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:
         """One model call; if it raises, every item of it gets an InferenceError (logged once, with traceback)."""
         try:
-            results = await self._in_thread(self._run_batch, [e.item for e in entries])
+            results = await self.in_compute_thread(self._run_batch, [e.item for e in entries])
         except Exception as exc:
             log.error("batcher %s: model call on %d item(s) failed", self.name, len(entries), exc_info=exc)
             error = InferenceError(self.name, exc)

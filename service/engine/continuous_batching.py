@@ -190,7 +190,7 @@ class GenerationEngine(ModelWorker):
 
     async def _compute(self, fn: Callable[[], Any], batch_size: int) -> Any:
         started = time.monotonic()
-        result = await self._in_thread(fn)
+        result = await self.in_compute_thread(fn)
         self._hooks.on_step(batch_size, time.monotonic() - started)
         return result
 

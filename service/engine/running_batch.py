@@ -42,6 +42,7 @@ class SequenceState:
         self.logprobs: list[TokenLogprob] = []  # with sampling.logprobs: one per generated token
         self.prompt_logprobs: list[TokenLogprob] | None = None  # set by the prefill when asked
         # The one clamp of max_new_tokens: prompt + generated tokens never exceed the position table.
+        assert request.sampling.max_new_tokens is not None, "the inference core sets a length"
         self.limit = min(request.sampling.max_new_tokens, max_context - len(request.prompt_ids))
         self.eos_id = eos_id
         self.detokenizer = IncrementalDetokenizer(decode, request.sampling.stop)

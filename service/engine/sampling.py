@@ -12,6 +12,7 @@ comparable with a generated token's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ class SamplingParams:
     prompt token after the first (one more forward pass over the prompt).
     """
 
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None  # None: the service's default (the inference core fills it in)
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -58,7 +59,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        assert self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"
+        assert self.max_new_tokens is None or self.max_new_tokens >= 1, (
+            f"max_new_tokens must be >= 1, got {self.max_new_tokens}"
+        )
         assert self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"
         assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
         assert 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"
@@ -67,6 +70,12 @@ class SamplingParams:
         assert self.prompt_logprobs is None or self.prompt_logprobs >= 0, (
             f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}"
         )
+
+    def for_choice(self, choice: int) -> SamplingParams:
+        """Choice ``choice`` of several per prompt: a seeded request samples it with ``seed + choice``."""
+        if choice == 0 or self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=self.seed + choice)
 
     @property
     def is_greedy(self) -> bool:

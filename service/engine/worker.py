@@ -133,7 +133,7 @@ class ModelWorker(ABC):
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on this worker's compute thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 

@@ -1,9 +1,76 @@
-"""What the HTTP layer calls: the InferenceService facade and the registry that resolves a request's model.
+"""The inference core: the one way in for every protocol door, and every type a door needs.
 
-The per-task pipelines it runs live in ``service.pipelines``; the engines they
-drive in ``service.engine``; the response cache in ``service.cache``.
+``InferenceService`` takes task requests in these types, applies the request
+limits and defaults once, resolves models and runs the pipelines behind the
+response cache. The doors (``service.api.*``) import from here only: never
+from ``service.engine`` or ``service.pipelines``, and never the registry.
 """
 
-from .service import InferenceService
+from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl
+from service.engine.errors import (
+    BatcherClosedError,
+    EngineError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+from service.engine.generation_contract import GenerationCancelledError, TokenEvent
+from service.engine.manifest import Manifest
+from service.engine.sampling import SamplingParams, TokenLogprob
+from service.pipelines.attention import AttentionQuery
+from service.pipelines.results import (
+    Answer,
+    AttentionMap,
+    Classification,
+    Embedding,
+    Entities,
+    EntitySpan,
+    Generation,
+    LabelScore,
+    Outcome,
+    Translation,
+    TranslationSequence,
+    Usage,
+)
+from service.pipelines.translate import DecodingParams
 
-__all__ = ["InferenceService"]
+from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits
+from .models import ServedModel
+from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService
+from .streams import GenerationStreams
+
+__all__ = [
+    "BYPASS",
+    "CONTEXTS",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "INPUTS",
+    "MAX_NEW_TOKENS",
+    "USE_CACHE",
+    "Answer",
+    "AttentionMap",
+    "AttentionQuery",
+    "BatcherClosedError",
+    "CacheControl",
+    "Classification",
+    "DecodingParams",
+    "Embedding",
+    "EngineError",
+    "Entities",
+    "EntitySpan",
+    "Generation",
+    "GenerationCancelledError",
+    "GenerationStreams",
+    "InferenceService",
+    "LabelScore",
+    "Manifest",
+    "Outcome",
+    "QueueFullError",
+    "QueueTimeoutError",
+    "RequestLimits",
+    "SamplingParams",
+    "ServedModel",
+    "TokenEvent",
+    "TokenLogprob",
+    "Translation",
+    "TranslationSequence",
+    "Usage",
+]

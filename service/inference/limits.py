@@ -1,8 +1,10 @@
-"""The configurable request limits (MAX_TEXT_CHARS, MAX_ITEMS, ...), checked right after schema validation.
+"""The configurable request limits (MAX_TEXT_CHARS, MAX_ITEMS, ...): applied once, by the inference core.
 
-The schemas hold the fixed ranges of the API (beam_size 1..8, temperature
-0..2, ...); these limits come from the settings, so they are checked here, with
-the same 422 answer naming the field.
+The doors' schemas hold the fixed ranges of their protocol (beam_size 1..8,
+temperature 0..2, ...); these limits come from the settings, and every door's
+request meets them here, in ``InferenceService``. Errors name the core's
+parameter (``INPUTS``, ``CONTEXTS``, ``MAX_NEW_TOKENS``) and the item's index;
+each door renames them to its own fields.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from dataclasses import dataclass
 
 from service.errors import InvalidInputError
 from service.settings import Settings
+
+INPUTS = "inputs"  # a request's items: texts, prompts, images, or QA questions
+CONTEXTS = "contexts"  # QA contexts, beside their questions
+MAX_NEW_TOKENS = "max_new_tokens"
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,7 @@ class RequestLimits:
     max_image_bytes: int
     max_image_pixels: int
     max_body_bytes: int
+    attention_max_tokens: int = 128
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
@@ -36,30 +43,33 @@ class RequestLimits:
             max_image_bytes=settings.max_image_bytes,
             max_image_pixels=settings.max_image_pixels,
             max_body_bytes=settings.max_body_bytes,
+            attention_max_tokens=settings.attention_max_tokens,
         )
 
-    def items(self, field: str, count: int) -> None:
+    def items(self, count: int) -> None:
         if count > self.max_items:
             raise InvalidInputError(
-                f"{count} items; at most {self.max_items} per request (MAX_ITEMS)", field, "too_many_items"
+                f"{count} items; at most {self.max_items} per request (MAX_ITEMS)", INPUTS, "too_many_items"
             )
 
-    def texts(self, fields_and_texts: Sequence[tuple[str, str]], limit: int | None = None) -> None:
-        limit = self.max_text_chars if limit is None else limit
-        for field, text in fields_and_texts:
+    def texts(self, texts: Sequence[str], param: str = INPUTS) -> None:
+        """Each text not blank, and within MAX_TEXT_CHARS (contexts: MAX_CONTEXT_CHARS)."""
+        limit = self.max_context_chars if param == CONTEXTS else self.max_text_chars
+        for index, text in enumerate(texts):
+            if not text.strip():
+                raise InvalidInputError("must not be empty or whitespace only", param, "blank_text", index)
             if len(text) > limit:
-                raise InvalidInputError(f"{len(text)} characters; at most {limit}", field, "too_long")
+                raise InvalidInputError(f"{len(text)} characters; at most {limit}", param, "too_long", index)
 
-    def contexts(self, fields_and_texts: Sequence[tuple[str, str]]) -> None:
-        self.texts(fields_and_texts, self.max_context_chars)
-
-    def new_tokens(self, field: str, value: int | None) -> None:
+    def new_tokens(self, value: int | None) -> None:
         if value is not None and value > self.max_new_tokens:
             raise InvalidInputError(
-                f"{value} is over the limit of {self.max_new_tokens} (MAX_NEW_TOKENS)", field, "out_of_range"
+                f"{value} is over the limit of {self.max_new_tokens} (MAX_NEW_TOKENS)",
+                MAX_NEW_TOKENS,
+                "out_of_range",
             )
 
-    def generation_budget(self, field: str, items: int, new_tokens: int | None, beams: int = 1) -> None:
+    def generation_budget(self, items: int, new_tokens: int | None, beams: int = 1) -> None:
         """A request's decoding work: items x new tokens (x beams) within MAX_TOTAL_NEW_TOKENS."""
         if new_tokens is None:
             return
@@ -68,14 +78,16 @@ class RequestLimits:
             shape = f"{items} items x {new_tokens} new tokens" + (f" x {beams} beams" if beams > 1 else "")
             raise InvalidInputError(
                 f"{shape} = {total}; at most {self.max_total_new_tokens} per request (MAX_TOTAL_NEW_TOKENS)",
-                field,
+                MAX_NEW_TOKENS,
                 "over_budget",
             )
 
-    def image(self, field: str, data: bytes) -> None:
-        if len(data) > self.max_image_bytes:
-            raise InvalidInputError(
-                f"image is {len(data)} bytes; at most {self.max_image_bytes} (MAX_IMAGE_BYTES)",
-                field,
-                "too_large",
-            )
+    def images(self, images: Sequence[bytes]) -> None:
+        for index, data in enumerate(images):
+            if len(data) > self.max_image_bytes:
+                raise InvalidInputError(
+                    f"image is {len(data)} bytes; at most {self.max_image_bytes} (MAX_IMAGE_BYTES)",
+                    INPUTS,
+                    "too_large",
+                    index,
+                )

@@ -48,25 +48,30 @@ class ModelRegistry:
     def default_for(self, name: str) -> list[str]:
         return sorted(task for task, n in self.defaults.items() if n == name)
 
-    def resolve(self, kind: type[P], name: str | None, input_field: str) -> P:
-        """The pipeline of type ``kind`` named ``name`` (default: the task's default model).
-
-        ``input_field`` names the request field whose kind of input needs this
-        task, for the message when the named model serves another task.
-        """
-        task = kind.task
-        if name is None:
-            if task not in self.defaults:
-                raise NoModelForTaskError(task)
-            name = self.defaults[task]
+    def get(self, name: str) -> ModelPipeline:
+        """The loaded model ``name``, whatever its task."""
         pipeline = self.pipelines.get(name)
         if pipeline is None:
             raise ModelNotFoundError(name, list(self.pipelines))
         # Request metrics and logs carry the model, also when the request fails later. Only loaded
         # names: a client's arbitrary string must not become a metric label.
         note_model(name)
+        return pipeline
+
+    def resolve_task(self, task: str, name: str | None) -> ModelPipeline:
+        """The model named ``name`` (default: ``task``'s default model), which must serve ``task``."""
+        if name is None:
+            if task not in self.defaults:
+                raise NoModelForTaskError(task)
+            name = self.defaults[task]
+        pipeline = self.get(name)
+        if pipeline.task != task:
+            raise TaskMismatchError(name, pipeline.task, task)
+        return pipeline
+
+    def resolve(self, kind: type[P], name: str | None) -> P:
+        """The pipeline of type ``kind`` named ``name`` (default: the task's default model)."""
+        pipeline = self.resolve_task(kind.task, name)
         if not isinstance(pipeline, kind):
-            raise TaskMismatchError(
-                f"model {name!r} serves {pipeline.task}; field {input_field!r} needs a {task} model"
-            )
+            raise TaskMismatchError(pipeline.name, pipeline.task, kind.task)
         return pipeline

@@ -1,11 +1,17 @@
-"""What the HTTP layer calls: one method per endpoint, plus the lifecycle of every pipeline.
+"""The inference core: the one way in for every protocol door (REST, OpenAI, Open Inference v2 over
+HTTP and gRPC).
 
-Each method checks readiness, resolves the model (by name or the task's
-default) and runs its pipeline behind the response cache
-(``caching.ResponseCache``): the cache key is the model's name and version,
-the task and the canonical request (every parameter with its effective
-value). Streams are never cached, and neither are requests with ``return_attention`` (``attention``):
-they skip the cache both ways, so an answer with maps and one without never stand in for each other.
+Each task method takes the core's own types (texts, images, ``SamplingParams``,
+``DecodingParams``, ``AttentionQuery``), checks readiness, resolves the model (by
+name or the task's default), applies the request limits and the defaults
+(``limits.py``, here and nowhere else), and runs its pipeline behind the response
+cache (``caching.ResponseCache``: the key is the model's name and version, the
+task and the canonical request, every parameter with its effective value).
+Streams are never cached; requests with ``return_attention`` take the attention
+step after inference and skip the cache both ways (``pipelines/attention.py``).
+
+Errors name the core's parameter (``inputs``, ``contexts``, ``max_new_tokens``,
+``model``...) and the item's index; each door renames them (``api/http/fields.py``).
 
 Phases: starting -> ready -> draining (SIGTERM: new requests get 503, the
 ones in flight finish) -> stopping -> stopped.
@@ -13,16 +19,19 @@ ones in flight finish) -> stopping -> stopped.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from service.engine.sampling import SamplingParams
-from service.errors import NotReadyError
+from service.errors import InvalidInputError, ModelVersionNotFoundError, NotReadyError
+from service.pipelines import attention as attention_step
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
 from service.pipelines.classify import ImageClassifier, TextClassifier
@@ -37,22 +46,43 @@ from service.pipelines.results import (
     Generation,
     Outcome,
     Translation,
+    Usage,
 )
 from service.pipelines.translate import DecodingParams, Translator
 
+from .limits import CONTEXTS, RequestLimits
+from .models import ServedModel
 from .registry import ModelRegistry
+from .streams import GenerationStreams
 
 log = logging.getLogger(__name__)
 
 Phase = Literal["starting", "ready", "draining", "stopping", "stopped"]
+P = TypeVar("P", bound=ModelPipeline)
+R = TypeVar("R")
 
 NO_CACHE = ResponseCache(None, ttl_s=1.0, prefix="-")
+UNLIMITED = RequestLimits(
+    max_text_chars=10**9,
+    max_context_chars=10**9,
+    max_items=10**9,
+    max_new_tokens=10**9,
+    max_total_new_tokens=10**12,
+    max_image_bytes=10**12,
+    max_image_pixels=10**12,
+    max_body_bytes=10**12,
+)
+# A generation request that names no length gets this many new tokens (at most MAX_NEW_TOKENS).
+DEFAULT_MAX_NEW_TOKENS = 64
 
 
 class InferenceService:
-    def __init__(self, registry: ModelRegistry, cache: ResponseCache = NO_CACHE) -> None:
+    def __init__(
+        self, registry: ModelRegistry, cache: ResponseCache = NO_CACHE, limits: RequestLimits = UNLIMITED
+    ) -> None:
         self.registry = registry
         self.cache = cache
+        self.limits = limits
         self.phase: Phase = "starting"
         self._started: list[ModelPipeline] = []
 
@@ -101,146 +131,300 @@ class InferenceService:
         if self.phase != "ready":
             raise NotReadyError(self.phase)
 
-    # --- one method per endpoint ----------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Ready for inference, with at least one model to serve."""
+        return self.phase == "ready" and bool(self.registry.pipelines)
+
+    # --- what the doors may know of the models --------------------------------------------
+
+    def models(self) -> list[ServedModel]:
+        return [
+            ServedModel.of(p, self.registry.default_for(p.name)) for p in self.registry.pipelines.values()
+        ]
+
+    def refused(self) -> dict[str, str]:
+        """Folders refused at start-up (or at warm-up), with the reason."""
+        return dict(sorted(self.registry.refused.items()))
+
+    def model(self, name: str | None, task: str | None = None, version: str | None = None) -> ServedModel:
+        """The loaded model ``name`` (default: ``task``'s default model); with ``version``, only if that is the
+        loaded version (the manifest's hash); with ``task``, only if it serves that task."""
+        if task is not None:
+            pipeline = self.registry.resolve_task(task, name)
+        else:
+            assert name is not None, "a model by name, or a task's default"
+            pipeline = self.registry.get(name)
+        if version is not None and version != pipeline.model.version:
+            raise ModelVersionNotFoundError(pipeline.name, version, pipeline.model.version)
+        return ServedModel.of(pipeline, self.registry.default_for(pipeline.name))
+
+    # --- one method per task --------------------------------------------------------------
+
+    async def _answer(
+        self,
+        pipeline: P,
+        request: dict[str, Any],
+        result_type: type[R],
+        cache: CacheControl,
+        compute: Callable[[], Awaitable[Outcome[R]]],
+    ) -> Outcome[R]:
+        return await self.cache.get_or_compute(
+            pipeline, request=request, result_type=result_type, control=cache, compute=compute
+        )
+
+    def _resolve(self, kind: type[P], model: str | None) -> P:
+        """After the request's own checks: readiness, then the model (``model``, or the task's default)."""
+        self.check_ready()
+        return self.registry.resolve(kind, model)
+
+    def _texts(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> None:
+        self.limits.items(len(texts))
+        self.limits.texts(texts)
+        if attention is not None and len(texts) != 1:
+            raise InvalidInputError(
+                "return_attention takes one input, not a batch", "return_attention", "one_input"
+            )
 
     async def translate(
         self,
         texts: Sequence[str],
         params: DecodingParams,
-        model: str | None,
-        input_field: str,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
     ) -> Outcome[Translation]:
-        self.check_ready()
-        pipeline = self.registry.resolve(Translator, model, input_field)
-        return await self.cache.get_or_compute(
+        self._texts(texts, attention)
+        self.limits.new_tokens(params.max_new_tokens)
+        self.limits.generation_budget(len(texts), params.max_new_tokens, params.beam_size)
+        pipeline = self._resolve(Translator, model)
+        if attention is not None:
+            params = pipeline.attention_params(texts[0], params, self.limits.attention_max_tokens)
+        return await self._with_attention(
             pipeline,
-            request={"texts": list(texts), **asdict(params)},
-            result_type=Translation,
-            control=cache if attention is None else BYPASS,
-            compute=lambda: pipeline.translate(texts, params, attention),
+            attention,
+            texts,
+            {"texts": list(texts), **asdict(params)},
+            Translation,
+            cache,
+            lambda: pipeline.translate(texts, params),
         )
 
     async def classify_texts(
         self,
         texts: Sequence[str],
-        top_k: int,
-        model: str | None,
-        input_field: str,
+        top_k: int | None = None,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
     ) -> Outcome[Classification]:
-        self.check_ready()
-        pipeline = self.registry.resolve(TextClassifier, model, input_field)
-        return await self.cache.get_or_compute(
+        """``top_k`` None: every label, most probable first."""
+        self._texts(texts, attention)
+        pipeline = self._resolve(TextClassifier, model)
+        k = len(pipeline.labels) if top_k is None else top_k
+        return await self._with_attention(
             pipeline,
-            request={"texts": list(texts), "top_k": top_k},
-            result_type=Classification,
-            control=cache if attention is None else BYPASS,
-            compute=lambda: pipeline.classify(texts, top_k, attention),
+            attention,
+            texts,
+            {"texts": list(texts), "top_k": k},
+            Classification,
+            cache,
+            lambda: pipeline.classify(texts, k),
         )
 
     async def classify_images(
         self,
         images: Sequence[bytes],
-        top_k: int,
-        model: str | None,
-        input_field: str,
-        fields: Sequence[str],
+        top_k: int | None = None,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
     ) -> Outcome[Classification]:
-        """``fields`` names each image's own field (``images[2]``), for decode errors."""
-        self.check_ready()
-        pipeline = self.registry.resolve(ImageClassifier, model, input_field)
-        return await self.cache.get_or_compute(
+        """``images``: PNG/JPEG bytes; an undecodable one is an error naming its index."""
+        self.limits.items(len(images))
+        self.limits.images(images)
+        if attention is not None and len(images) != 1:
+            raise InvalidInputError(
+                "return_attention takes one input, not a batch", "return_attention", "one_input"
+            )
+        pipeline = self._resolve(ImageClassifier, model)
+        k = len(pipeline.labels) if top_k is None else top_k
+        return await self._with_attention(
             pipeline,
-            request={"images": [blob_digest(image) for image in images], "top_k": top_k},
-            result_type=Classification,
-            control=cache if attention is None else BYPASS,
-            compute=lambda: pipeline.classify(images, top_k, fields, attention),
+            attention,
+            images,
+            {"images": [blob_digest(image) for image in images], "top_k": k},
+            Classification,
+            cache,
+            lambda: pipeline.classify(images, k),
         )
 
     async def answer(
         self,
         pairs: Sequence[tuple[str, str]],
-        model: str | None,
-        input_field: str,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
     ) -> Outcome[Answer]:
-        self.check_ready()
-        pipeline = self.registry.resolve(QuestionAnswerer, model, input_field)
-        return await self.cache.get_or_compute(
+        """``pairs``: (question, context); errors name ``inputs`` (the questions) or ``contexts``."""
+        self._texts([q for q, _ in pairs], attention)
+        self.limits.texts([c for _, c in pairs], CONTEXTS)
+        pipeline = self._resolve(QuestionAnswerer, model)
+        return await self._with_attention(
             pipeline,
-            request={"pairs": [list(pair) for pair in pairs]},
-            result_type=Answer,
-            control=cache if attention is None else BYPASS,
-            compute=lambda: pipeline.answer(pairs, attention),
+            attention,
+            pairs,
+            {"pairs": [list(pair) for pair in pairs]},
+            Answer,
+            cache,
+            lambda: pipeline.answer(pairs),
         )
 
     async def entities(
         self,
         texts: Sequence[str],
-        model: str | None,
-        input_field: str,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
     ) -> Outcome[Entities]:
-        self.check_ready()
-        pipeline = self.registry.resolve(EntityTagger, model, input_field)
-        return await self.cache.get_or_compute(
+        self._texts(texts, attention)
+        pipeline = self._resolve(EntityTagger, model)
+        return await self._with_attention(
             pipeline,
-            request={"texts": list(texts)},
-            result_type=Entities,
-            control=cache if attention is None else BYPASS,
-            compute=lambda: pipeline.tag(texts, attention),
+            attention,
+            texts,
+            {"texts": list(texts)},
+            Entities,
+            cache,
+            lambda: pipeline.tag(texts),
+        )
+
+    async def _with_attention(
+        self,
+        pipeline: Any,
+        attention: AttentionQuery | None,
+        inputs: Sequence[Any],
+        request: dict[str, Any],
+        result_type: type[R],
+        cache: CacheControl,
+        compute: Callable[[], Awaitable[Outcome[R]]],
+    ) -> Outcome[R]:
+        """The answer, through the cache; with ``attention``, the attention step after it, uncached."""
+        if attention is None:
+            return await self._answer(pipeline, request, result_type, cache, compute)
+        return await attention_step.with_attention(
+            pipeline,
+            attention,
+            inputs[0],
+            self.limits.attention_max_tokens,
+            lambda: self._answer(
+                pipeline, request, result_type, attention_step.cache_control(attention, cache), compute
+            ),
         )
 
     async def embed(
         self,
         texts: Sequence[str],
-        normalize: bool,
-        model: str | None,
-        input_field: str,
+        normalize: bool = True,
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
+        dimensions: int | None = None,
     ) -> Outcome[Embedding]:
-        self.check_ready()
-        pipeline = self.registry.resolve(SentenceEmbedder, model, input_field)
-        return await self.cache.get_or_compute(
+        """``dimensions``, when given, must be the model's own (its embeddings were not trained to be cut)."""
+        self._texts(texts)
+        pipeline = self._resolve(SentenceEmbedder, model)
+        if dimensions is not None and dimensions != pipeline.dimensions:
+            raise InvalidInputError(
+                f"model {pipeline.name!r} makes {pipeline.dimensions}-dimensional embeddings and does not "
+                "support other sizes (it was not trained for shortened, Matryoshka embeddings)",
+                "dimensions",
+                "unsupported",
+            )
+        return await self._answer(
             pipeline,
-            request={"texts": list(texts), "normalize": normalize},
-            result_type=Embedding,
-            control=cache,
-            compute=lambda: pipeline.embed(texts, normalize),
+            {"texts": list(texts), "normalize": normalize},
+            Embedding,
+            cache,
+            lambda: pipeline.embed(texts, normalize),
         )
+
+    # --- generation -----------------------------------------------------------------------
+
+    def _generation(
+        self, prompts: Sequence[str], params: SamplingParams, model: str | None, choices: int
+    ) -> tuple[Generator, SamplingParams]:
+        """Readiness, limits and the default length, then the model."""
+        self._texts(prompts)
+        self.limits.new_tokens(params.max_new_tokens)
+        if params.max_new_tokens is None:
+            default = min(DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
+            params = dataclasses.replace(params, max_new_tokens=default)
+        self.limits.generation_budget(len(prompts) * choices, params.max_new_tokens)
+        return self._resolve(Generator, model), params
 
     async def generate(
         self,
         prompts: Sequence[str],
         params: SamplingParams,
-        model: str | None,
-        input_field: str,
-        fields: Sequence[str],
-        request_id: str = "",
+        model: str | None = None,
         cache: CacheControl = USE_CACHE,
+        request_id: str = "",
+        choices: int = 1,
     ) -> Outcome[Generation]:
-        """Cached only when deterministic (``SamplingParams.is_deterministic``: greedy or seeded)."""
-        self.check_ready()
-        pipeline = self.registry.resolve(Generator, model, input_field)
-        return await self.cache.get_or_compute(
-            pipeline,
-            request={"prompts": list(prompts), **asdict(params)},
-            result_type=Generation,
-            control=cache if params.is_deterministic else BYPASS,
-            compute=lambda: pipeline.generate(prompts, params, fields, request_id),
+        """``choices`` per prompt, all decoding together in the running batch; results prompt-major (prompt
+        ``p``, choice ``c`` at ``p * choices + c``); choice ``c`` of a seeded request samples with
+        ``seed + c``. Each choice is cached only when deterministic (greedy or seeded)."""
+        pipeline, params = self._generation(prompts, params, model, choices)
+
+        def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
+            return self._answer(
+                pipeline,
+                {"prompts": list(prompts), **asdict(choice)},
+                Generation,
+                cache if choice.is_deterministic else BYPASS,
+                lambda: pipeline.generate(prompts, choice, request_id),
+            )
+
+        if choices == 1:  # no extra task: the sequences reach the engine as early as possible
+            return await one(params)
+        tasks = [asyncio.ensure_future(one(params.for_choice(c))) for c in range(choices)]
+        try:
+            outcomes = await asyncio.gather(*tasks)
+        except BaseException:  # any failure cancels the other choices
+            for task in tasks:
+                task.cancel()
+            raise
+        results = [o.results[p] for p in range(len(prompts)) for o in outcomes]
+        return Outcome(
+            pipeline.name,
+            pipeline.model.version,
+            results,
+            Usage.of_generations(results, choices),
+            cached=all(o.cached for o in outcomes),
         )
 
-    async def open_stream(
-        self, prompt: str, params: SamplingParams, model: str | None, field: str, request_id: str = ""
-    ) -> tuple[Generator, OpenStream]:
-        """Streams are never cached: a stream's point is tokens as the model makes them (README, "Cache")."""
-        self.check_ready()
-        pipeline = self.registry.resolve(Generator, model, field)
-        return pipeline, await pipeline.open_stream(prompt, params, field, request_id)
+    async def open_streams(
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        model: str | None = None,
+        request_id: str = "",
+        choices: int = 1,
+    ) -> GenerationStreams:
+        """Live token streams, ``choices`` per prompt (prompt-major), all admitted or none. Never cached: a
+        stream's point is tokens as the model makes them. The caller cancels them if it stops reading."""
+        pipeline, params = self._generation(prompts, params, model, choices)
+        opened: list[OpenStream] = []
+        try:
+            for index, prompt in enumerate(prompts):
+                for c in range(choices):
+                    try:
+                        opened.append(await pipeline.open_stream(prompt, params.for_choice(c), request_id))
+                    except InvalidInputError as exc:
+                        exc.index = index
+                        raise
+        except BaseException:
+            for stream in opened:
+                stream.cancel()
+            raise
+        return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices)

@@ -1,26 +1,36 @@
-"""Attention maps on request (``return_attention``): one input through the model's attention graph.
+"""Attention maps on request (``return_attention``): one step after inference, for one answered input.
 
-The served graphs never output attention (the fast path stays as it is). A request that asks for
-maps gets its answer through the usual batched path first; then its pipeline runs the model's
-``attention.onnx`` (the manifest's ``attention_maps``: fp32 reference weights exported with every
-layer's probabilities as outputs) once, for that one input, on the model's compute thread, and picks
-one layer and one head (or the mean over heads). Weights are rounded to ``DECIMALS`` decimals, so a
+The served graphs never output attention (the fast path stays as it is), and the pipelines return
+plain results. A request that asks for maps is answered through the usual batched path first; then
+``with_attention`` runs the model's ``attention.onnx`` (the manifest's ``attention_maps``: fp32
+reference weights exported with every layer's probabilities as outputs) once, for that one input, on
+the model's compute thread, and picks one layer and one head (or the mean over heads). Each pipeline
+that has maps says how through two small hooks (``AttentionHook``): how many tokens its input will
+be, and the graph's feeds for the answered input. Weights are rounded to ``DECIMALS`` decimals, so a
 row of n weights sums to 1 within n x 0.5e-5 (under 1e-3 for the default ATTENTION_MAX_TOKENS 128).
+
+Such requests bypass the response cache both ways (``cache_control``): an answer with maps and one
+without never stand in for each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from service.cache.response_cache import BYPASS, CacheControl
 from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 
-from .results import AttentionMap
+from .results import AttentionMap, Outcome
 
 DECIMALS = 5
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -29,13 +39,77 @@ class AttentionQuery:
 
     layer: int | None = None
     head: int | None = None
-    max_tokens: int = 128  # ATTENTION_MAX_TOKENS: the most rows or columns a map may have
 
 
 @dataclass(frozen=True)
 class Selection:
     layer: int  # 0-based, resolved
     head: int | None
+
+
+@dataclass(frozen=True)
+class AttentionFeeds:
+    """One input as the attention graph takes it, and how its map is labelled.
+
+    ``grid`` (ViT): the map is [CLS]'s row over the patches, laid out as ``grid`` = (rows, columns).
+    """
+
+    feeds: dict[str, np.ndarray]
+    kind: str  # "cross" | "self" | "cls_to_patches"
+    rows: list[str]
+    columns: list[str]
+    grid: tuple[int, int] | None = None
+
+
+class AttentionHook(Protocol):
+    """What a pipeline with attention maps provides."""
+
+    name: str
+    attention_maps: AttentionMaps
+
+    def attention_length(self, item: Any) -> tuple[int, str]:
+        """Blocking and cheap: the tokens ``item`` will be in the map, and the parameter to blame."""
+        ...
+
+    def attention_feeds(self, item: Any, result: Any) -> AttentionFeeds:
+        """Blocking: the graph's feeds for ``item``, answered with ``result``."""
+        ...
+
+    async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+def cache_control(query: AttentionQuery | None, control: CacheControl) -> CacheControl:
+    """The rule: a request with ``return_attention`` never reads nor writes the response cache."""
+    return control if query is None else BYPASS
+
+
+async def with_attention(
+    pipeline: AttentionHook,
+    query: AttentionQuery,
+    item: Any,
+    max_tokens: int,
+    answer: Callable[[], Awaitable[Outcome[R]]],
+) -> Outcome[R]:
+    """``answer()`` (one input: ``item``), its first result carrying the map ``query`` asks for.
+
+    The layer, head and length are checked before any inference is paid for.
+    """
+    maps = pipeline.attention_maps
+    selection = maps.select(query)
+    tokens, param = pipeline.attention_length(item)
+    if tokens > max_tokens:
+        raise InvalidInputError(
+            f"{tokens} tokens; return_attention takes inputs of at most {max_tokens} (ATTENTION_MAX_TOKENS)",
+            param,
+            "too_long",
+        )
+    outcome = await answer()
+    first = outcome.results[0]
+    attention_map = await pipeline.in_compute_thread(
+        lambda: maps.render(pipeline.attention_feeds(item, first), selection)
+    )
+    results = [dataclasses.replace(first, attention=attention_map), *outcome.results[1:]]  # type: ignore[type-var]
+    return dataclasses.replace(outcome, results=results)
 
 
 class AttentionMaps:
@@ -72,16 +146,6 @@ class AttentionMaps:
             )
         return Selection(layer % layers, query.head)
 
-    @staticmethod
-    def check_length(tokens: int, query: AttentionQuery, field: str) -> None:
-        if tokens > query.max_tokens:
-            raise InvalidInputError(
-                f"{tokens} tokens; return_attention takes inputs of at most {query.max_tokens} "
-                "(ATTENTION_MAX_TOKENS)",
-                field,
-                "too_long",
-            )
-
     def weights(self, feeds: dict[str, np.ndarray], selection: Selection) -> np.ndarray:
         """Blocking: the (queries, keys) probabilities of the one input in ``feeds``, for ``selection``."""
         assert self.graph is not None and self.spec is not None, "select() first"
@@ -89,28 +153,29 @@ class AttentionMaps:
         probs = self.graph.run({n: feeds[n] for n in self.graph.input_names}, [name])[0][0]  # (H, T, S)
         return probs.mean(0) if selection.head is None else probs[selection.head]
 
-    def result(
-        self,
-        kind: str,
-        selection: Selection,
-        rows: list[str],
-        columns: list[str],
-        weights: np.ndarray,
-        grid: list[int] | None = None,
-        cls_weight: float | None = None,
-    ) -> AttentionMap:
+    def render(self, input: AttentionFeeds, selection: Selection) -> AttentionMap:
+        """Blocking: the map of ``input`` for ``selection``, rounded to ``DECIMALS``."""
         assert self.spec is not None
+        weights = self.weights(input.feeds, selection)
+        grid, cls_weight = None, None
+        if (
+            input.grid is not None
+        ):  # [CLS] over [CLS] + patches: [CLS]'s own weight apart, the rest as the grid
+            cls_row = weights[0]
+            cls_weight = round(float(cls_row[0]), DECIMALS)
+            weights = cls_row[1:].reshape(input.grid)
+            grid = list(input.grid)
         return AttentionMap(
-            kind=kind,
+            kind=input.kind,
             layer=selection.layer,
             head=selection.head,
             num_layers=self.spec.num_layers,
             num_heads=self.spec.num_heads,
-            rows=rows,
-            columns=columns,
+            rows=input.rows,
+            columns=input.columns,
             weights=np.round(weights.astype(np.float64), DECIMALS).tolist(),
             grid=grid,
-            cls_weight=None if cls_weight is None else round(float(cls_weight), DECIMALS),
+            cls_weight=cls_weight,
         )
 
 

@@ -20,8 +20,7 @@ from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
-from .attention import AttentionMaps, Selection, wordpiece_labels
-from .results import AttentionMap
+from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
 from .text_inputs import feeds_for, pad_batch
 
 Item = TypeVar("Item")
@@ -70,8 +69,9 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         await self.batcher.start()
 
     async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on this model's compute thread (between its batches), never on the event loop."""
-        return await self.batcher._in_thread(fn, *args)
+        """``fn(*args)`` on this model's compute thread (between its batches), never on the event loop:
+        the attention step's way in (``attention.with_attention``)."""
+        return await self.batcher.in_compute_thread(fn, *args)
 
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)
@@ -112,12 +112,8 @@ class TextEncoderPipeline(BatchedPipeline[Item, Out]):
         """The graph's outputs for ``rows`` of token ids (and segment ids), right-padded into one batch."""
         return self.graph.run(feeds_for(self.graph, pad_batch(rows, self.pad_id, type_rows)))
 
-    def token_attention(
-        self, ids: list[int], selection: Selection, type_ids: list[int] | None = None
-    ) -> AttentionMap:
-        """Blocking: the token x token self-attention map of one input (``return_attention``)."""
+    def token_feeds(self, ids: list[int], type_ids: list[int] | None = None) -> AttentionFeeds:
+        """One input's feeds for the attention graph, labelled with its own tokens (a token x token map)."""
         feeds = pad_batch([ids], self.pad_id, None if type_ids is None else [type_ids])
         labels = wordpiece_labels(self.tokenizer, ids)
-        return self.attention_maps.result(
-            "self", selection, labels, labels, self.attention_maps.weights(feeds, selection)
-        )
+        return AttentionFeeds(feeds, "self", labels, labels)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 from collections.abc import Sequence
 
@@ -16,10 +15,10 @@ from service.engine.repository import LoadedModel
 from service.engine.sampling import softmax
 from service.errors import InvalidInputError
 
-from .attention import AttentionQuery, Selection
+from .attention import AttentionFeeds
 from .base import BatchedPipeline, TextEncoderPipeline
 from .image_inputs import ImageDecodeError, decode_image, to_pixel_values
-from .results import AttentionMap, Classification, LabelScore, Outcome, Usage
+from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
 
@@ -50,24 +49,21 @@ class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
             for e in encode_texts(self.tokenizer, texts)
         ]
 
-    async def classify(
-        self, texts: Sequence[str], top_k: int, attention: AttentionQuery | None = None
-    ) -> Outcome[Classification]:
-        """With ``attention`` (one text): the first result also carries its token x token self-attention."""
-        selection = self.attention_maps.select(attention) if attention is not None else None
+    async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-        if attention is not None:
-            self.attention_maps.check_length(len(encoded[0].ids), attention, "text")
         probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
         results = [
             top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
         ]
-        if selection is not None:
-            attention_map = await self.in_compute_thread(self.token_attention, encoded[0].ids, selection)
-            results[0] = dataclasses.replace(results[0], attention=attention_map)
         usage = Usage(input_tokens=sum(len(e.ids) for e in encoded))
         return Outcome(self.name, self.model.version, results, usage)
+
+    def attention_length(self, text: str) -> tuple[int, str]:
+        return len(self.encode([text])[0].ids), "inputs"
+
+    def attention_feeds(self, text: str, result: Classification) -> AttentionFeeds:
+        return self.token_feeds(self.encode([text])[0].ids)
 
     async def warmup(self) -> None:
         await self.classify(["warm-up"], top_k=1)
@@ -100,61 +96,47 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         logits = self.graph.run({self.graph.input_names[0]: pixels})[0]
         return list(softmax(logits))
 
-    def decode(self, images: Sequence[bytes], fields: Sequence[str]) -> list[np.ndarray]:
+    def decode(self, images: Sequence[bytes]) -> list[np.ndarray]:
         decoded = []
-        for data, field in zip(images, fields, strict=True):
+        for index, data in enumerate(images):
             try:
                 decoded.append(decode_image(data, self.preprocessing, self.max_image_pixels))
             except ImageDecodeError as exc:
-                raise InvalidInputError(str(exc), field=field, reason="undecodable_image") from exc
+                raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
         return decoded
 
-    async def classify(
-        self,
-        images: Sequence[bytes],
-        top_k: int,
-        fields: Sequence[str],
-        attention: AttentionQuery | None = None,
-    ) -> Outcome[Classification]:
-        """``fields`` names each image's request field, so an undecodable one is reported by name.
-
-        With ``attention`` (one image): the first result also carries [CLS]'s attention over the patches.
-        """
-        selection = self.attention_maps.select(attention) if attention is not None else None
-        if attention is not None:
-            self.attention_maps.check_length(self.cost, attention, fields[0])
+    async def classify(self, images: Sequence[bytes], top_k: int) -> Outcome[Classification]:
+        """An undecodable image is reported by its index among ``images``."""
         self.batcher.admit(len(images))  # a full queue refuses before decoding is paid for
         # Always in a thread: a few compressed bytes may still decode to MAX_IMAGE_PIXELS pixels.
-        decoded = await asyncio.to_thread(self.decode, images, fields)
+        decoded = await asyncio.to_thread(self.decode, images)
         probs = await self.infer(decoded, [self.cost] * len(decoded))
         results = [top_labels(p, self.labels, top_k) for p in probs]
-        if selection is not None:
-            attention_map = await self.in_compute_thread(self.patch_attention, decoded[0], selection)
-            results[0] = dataclasses.replace(results[0], attention=attention_map)
         return Outcome(self.name, self.model.version, results, Usage(input_tokens=self.cost * len(decoded)))
 
-    def patch_attention(self, image: np.ndarray, selection: Selection) -> AttentionMap:
-        """Blocking: the [CLS] row of one image's self-attention, over the patches laid out as their grid."""
+    def attention_length(self, image: bytes) -> tuple[int, str]:
+        return self.cost, "inputs"
+
+    def attention_feeds(self, image: bytes, result: Classification) -> AttentionFeeds:
+        """[CLS]'s row of one image's self-attention, over the patches laid out as their grid."""
         assert self.attention_maps.spec is not None
-        pixels = to_pixel_values(image[None], self.preprocessing)
-        feeds = {self.attention_maps.spec.inputs[0].name: pixels}
-        cls_row = self.attention_maps.weights(feeds, selection)[0]  # [CLS] over [CLS] + patches
+        (decoded,) = self.decode([image])
+        pixels = to_pixel_values(decoded[None], self.preprocessing)
         config = self.model.manifest.config
+        patches = self.cost - 1
         rows = config.get("image_size", 0) // max(1, config.get("patch_size", 1))
-        rows = rows if rows * rows == len(cls_row) - 1 else 1  # a square grid, or else one row
-        cols = (len(cls_row) - 1) // rows
-        return self.attention_maps.result(
+        rows = rows if rows * rows == patches else 1  # a square grid, or else one row
+        cols = patches // rows
+        return AttentionFeeds(
+            {self.attention_maps.spec.inputs[0].name: pixels},
             "cls_to_patches",
-            selection,
             [str(r) for r in range(rows)],
             [str(c) for c in range(cols)],
-            cls_row[1:].reshape(rows, cols),
-            grid=[rows, cols],
-            cls_weight=float(cls_row[0]),
+            grid=(rows, cols),
         )
 
     async def warmup(self) -> None:
         height, width = self.preprocessing.image_size
         png = io.BytesIO()
         Image.new("L", (width, height)).save(png, format="PNG")
-        await self.classify([png.getvalue()], top_k=1, fields=["warm-up"])
+        await self.classify([png.getvalue()], top_k=1)

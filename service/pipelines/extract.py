@@ -12,7 +12,6 @@ are not tagged and the result says ``truncated``.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 
-from .attention import AttentionQuery
+from .attention import AttentionFeeds
 from .base import TextEncoderPipeline
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
@@ -69,25 +68,10 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
             for q, c in pairs
         ]
 
-    async def answer(
-        self, pairs: Sequence[tuple[str, str]], attention: AttentionQuery | None = None
-    ) -> Outcome[Answer]:
-        """``pairs`` are (question, context); offsets in the answers index into each context.
-
-        With ``attention`` (one pair that fits one window): the first result also carries the window's
-        token x token self-attention ([CLS] question [SEP] context [SEP]).
-        """
-        selection = self.attention_maps.select(attention) if attention is not None else None
+    async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
+        """``pairs`` are (question, context); offsets in the answers index into each context."""
         self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
         windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
-        if attention is not None:
-            if len(windows[0]) != 1:
-                raise InvalidInputError(
-                    f"the context takes {len(windows[0])} windows; return_attention needs it to fit one",
-                    "context",
-                    "too_long",
-                )
-            self.attention_maps.check_length(len(windows[0][0].input_ids), attention, "context")
         costs = [len(w) * max(map(len, w)) for w in windows]
         spans = await self.infer(windows, costs)
         results = []
@@ -105,14 +89,23 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
                         len(item),
                     )
                 )
-        if selection is not None:
-            window = windows[0][0]
-            attention_map = await self.in_compute_thread(
-                self.token_attention, window.input_ids, selection, window.token_type_ids
-            )
-            results[0] = dataclasses.replace(results[0], attention=attention_map)
         usage = Usage(input_tokens=sum(len(w) for item in windows for w in item))
         return Outcome(self.name, self.model.version, results, usage)
+
+    def attention_length(self, pair: tuple[str, str]) -> tuple[int, str]:
+        """A map covers one window: the pair must fit one ([CLS] question [SEP] context [SEP])."""
+        (windows,) = self.windows([pair])
+        if len(windows) != 1:
+            raise InvalidInputError(
+                f"the context takes {len(windows)} windows; return_attention needs it to fit one",
+                "contexts",
+                "too_long",
+            )
+        return len(windows[0].input_ids), "contexts"
+
+    def attention_feeds(self, pair: tuple[str, str], result: Answer) -> AttentionFeeds:
+        (windows,) = self.windows([pair])
+        return self.token_feeds(windows[0].input_ids, windows[0].token_type_ids)
 
     async def warmup(self) -> None:
         await self.answer([("What is warmed up?", "The model is warmed up.")])
@@ -163,19 +156,18 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
         ]
         return Entities(found, tagged.truncated)
 
-    async def tag(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> Outcome[Entities]:
-        """With ``attention`` (one text): the first result also carries its token x token self-attention."""
-        selection = self.attention_maps.select(attention) if attention is not None else None
+    async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
-        if attention is not None:
-            self.attention_maps.check_length(len(tagged[0].ids), attention, "text")
         logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
-        if selection is not None:
-            attention_map = await self.in_compute_thread(self.token_attention, tagged[0].ids, selection)
-            results[0] = dataclasses.replace(results[0], attention=attention_map)
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
+
+    def attention_length(self, text: str) -> tuple[int, str]:
+        return len(self.encode([text])[0].ids), "inputs"
+
+    def attention_feeds(self, text: str, result: Entities) -> AttentionFeeds:
+        return self.token_feeds(self.encode([text])[0].ids)
 
     async def warmup(self) -> None:
         await self.tag(["Ada Lovelace lived in London."])

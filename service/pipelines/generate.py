@@ -2,8 +2,8 @@
 
 The engine owns the decoding loop (KV cache, sampling, stop strings) and what
 fits the model (``check_prompt``, the clamp of ``max_new_tokens`` to the
-context); this pipeline tokenises prompts, names the request field a prompt
-the engine refuses came from, and makes sure that a caller who goes away
+context); this pipeline tokenises prompts, names the index of a prompt the
+engine refuses, and makes sure that a caller who goes away
 cancels its sequences (``GenerationStream.cancel``), so the engine stops
 decoding them at its next step.
 """
@@ -11,12 +11,12 @@ decoding them at its next step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from service.engine.continuous_batching import GenerationEngine
 from service.engine.errors import PromptError
-from service.engine.generation_contract import GenerationRequest
+from service.engine.generation_contract import GenerationRequest, GenerationResult, TokenEvent
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
@@ -27,12 +27,28 @@ from .results import Generation, Outcome, Usage
 from .text_inputs import encode_texts, preprocess
 
 
+def generation_of(r: GenerationResult) -> Generation:
+    """The engine's result as the one generation type every door renders."""
+    return Generation(
+        r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens, r.logprobs, r.prompt_logprobs
+    )
+
+
 @dataclass(frozen=True)
 class OpenStream:
-    """A running sequence, for streaming: the engine's stream and the prompt's token count."""
+    """A running sequence, for streaming: its token events, then its ``Generation``; ``cancel`` stops it."""
 
     stream: GenerationStream
     prompt_tokens: int
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self.stream.__aiter__()
+
+    async def result(self) -> Generation:
+        return generation_of(await self.stream.result())
+
+    def cancel(self) -> None:
+        self.stream.cancel()
 
 
 class Generator(ModelPipeline):
@@ -51,15 +67,15 @@ class Generator(ModelPipeline):
     async def stop(self, timeout_s: float) -> None:
         await self.engine.stop(drain=True, timeout_s=timeout_s)
 
-    def encode(self, prompts: Sequence[str], fields: Sequence[str]) -> list[list[int]]:
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids per prompt, each checked by the engine; a prompt it refuses is the client's error."""
         encoded = []
-        for encoding, field in zip(encode_texts(self.tokenizer, prompts), fields, strict=True):
+        for index, encoding in enumerate(encode_texts(self.tokenizer, prompts)):
             ids = list(encoding.ids)
             try:
                 self.engine.check_prompt(ids)
             except PromptError as exc:
-                raise InvalidInputError(exc.message, field=field, reason=exc.reason) from exc
+                raise InvalidInputError(exc.message, "inputs", exc.reason, index) from exc
             encoded.append(ids)
         return encoded
 
@@ -67,11 +83,11 @@ class Generator(ModelPipeline):
         return self.engine.submit(GenerationRequest(ids, params, request_id))
 
     async def generate(
-        self, prompts: Sequence[str], params: SamplingParams, fields: Sequence[str], request_id: str = ""
+        self, prompts: Sequence[str], params: SamplingParams, request_id: str = ""
     ) -> Outcome[Generation]:
         """All prompts decode concurrently in the engine's running batch; results in prompt order."""
         self.engine.admit(len(prompts))  # a full queue refuses before tokenisation is paid for
-        encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts, fields)
+        encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
         self.engine.admit(len(prompts))  # all prompts or none: no await between here and the submits
         streams: list[GenerationStream] = []
         try:
@@ -82,31 +98,15 @@ class Generator(ModelPipeline):
             for stream in streams:
                 stream.cancel()
             raise
-        results = [
-            Generation(
-                r.text,
-                r.finish_reason,
-                r.prompt_tokens,
-                r.completion_tokens,
-                r.logprobs,
-                r.prompt_logprobs,
-            )
-            for r in finished
-        ]
-        usage = Usage(
-            input_tokens=sum(r.prompt_tokens for r in results),
-            output_tokens=sum(r.completion_tokens for r in results),
-        )
-        return Outcome(self.name, self.model.version, results, usage)
+        results = [generation_of(r) for r in finished]
+        return Outcome(self.name, self.model.version, results, Usage.of_generations(results))
 
-    async def open_stream(
-        self, prompt: str, params: SamplingParams, field: str, request_id: str = ""
-    ) -> OpenStream:
+    async def open_stream(self, prompt: str, params: SamplingParams, request_id: str = "") -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
         self.engine.admit(1)
-        (ids,) = await preprocess(len(prompt), self.encode, [prompt], [field])
+        (ids,) = await preprocess(len(prompt), self.encode, [prompt])
         self.engine.admit(1)
         return OpenStream(self._submit(ids, params, request_id), len(ids))
 
     async def warmup(self) -> None:
-        await self.generate(["warm"], SamplingParams(max_new_tokens=2, temperature=0.0), ["warm-up"])
+        await self.generate(["warm"], SamplingParams(max_new_tokens=2, temperature=0.0))

@@ -7,7 +7,8 @@ Each response schema builds itself from one of these (``ClassificationOut.of``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from service.engine.sampling import TokenLogprob
@@ -25,6 +26,15 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @classmethod
+    def of_generations(cls, generations: Sequence[Generation], choices: int = 1) -> Usage:
+        """The one count of a generation request: each prompt's tokens once (``generations`` holds
+        ``choices`` per prompt, prompt-major), every generated token."""
+        return cls(
+            input_tokens=sum(g.prompt_tokens for g in generations[::choices]),
+            output_tokens=sum(g.completion_tokens for g in generations),
+        )
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ class TranslationSequence:
     score: float  # length-penalised log-probability (beam) or mean token log-probability (greedy)
     finish_reason: str  # "eos" | "length"
     tokens: int  # generated tokens, </s> excluded
+    token_ids: list[int] = field(default_factory=list)  # those tokens (what an attention map's rows are)
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from service.engine.repository import LoadedModel
 from service.engine.seq2seq import Hypothesis, Seq2SeqModel
 from service.errors import InvalidInputError
 
-from .attention import AttentionQuery, Selection, decoded_labels
+from .attention import AttentionFeeds, decoded_labels
 from .base import BatchedPipeline
-from .results import AttentionMap, Outcome, Translation, TranslationSequence, Usage
+from .results import Outcome, Translation, TranslationSequence, Usage
 from .text_inputs import encode_texts, preprocess, truncate
 
 _DEFAULT_LIMIT_STEP = 16
@@ -128,59 +128,58 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
 
     def _sequence(self, h: Hypothesis) -> TranslationSequence:
         text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
-        return TranslationSequence(text, float(h.score), "eos" if h.finished else "length", len(h.tokens))
+        finish = "eos" if h.finished else "length"
+        return TranslationSequence(text, float(h.score), finish, len(h.tokens), [int(t) for t in h.tokens])
 
-    async def translate(
-        self, texts: Sequence[str], params: DecodingParams, attention: AttentionQuery | None = None
-    ) -> Outcome[Translation]:
-        """With ``attention`` (one text): the first result also carries the best translation's
-        cross-attention, target tokens (the produced ones, </s> included) over source tokens. Its rows are
-        bounded too: max_new_tokens is at most ATTENTION_MAX_TOKENS - 1 (the default is capped there)."""
-        selection = self.attention_maps.select(attention) if attention is not None else None
-        limit = params.max_new_tokens
-        if attention is not None and limit is not None and limit > attention.max_tokens - 1:
-            raise InvalidInputError(
-                f"{limit}; with return_attention at most {attention.max_tokens - 1} (ATTENTION_MAX_TOKENS - 1)",
-                "max_new_tokens",
-                "out_of_range",
-            )
+    async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
         self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
         prepared = await preprocess(sum(map(len, texts)), self.prepare, texts, params)
         items = [item for item, _ in prepared]
-        if attention is not None:
-            self.attention_maps.check_length(len(items[0].ids), attention, "text")
-            cap = min(items[0].max_new_tokens, attention.max_tokens - 1)
-            items[0] = dataclasses.replace(items[0], max_new_tokens=cap)
         outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])
         results = [
             Translation([self._sequence(h) for h in hyps], truncated)
             for hyps, (_, truncated) in zip(outputs, prepared, strict=True)
         ]
-        if selection is not None:
-            attention_map = await self.in_compute_thread(
-                self.cross_attention, items[0].ids, outputs[0][0], selection
-            )
-            results[0] = dataclasses.replace(results[0], attention=attention_map)
         usage = Usage(
             input_tokens=sum(len(item.ids) for item in items),
             output_tokens=sum(s.tokens for r in results for s in r.sequences),
         )
         return Outcome(self.name, self.model.version, results, usage)
 
-    def cross_attention(self, source: list[int], best: Hypothesis, selection: Selection) -> AttentionMap:
-        """Blocking: teacher-force ``best`` after ``source``; row i is the step that produced target token i."""
-        produced = [*best.tokens, self.eos] if best.finished or not best.tokens else list(best.tokens)
+    def attention_params(self, text: str, params: DecodingParams, max_tokens: int) -> DecodingParams:
+        """A map's rows are the produced tokens: at most ``max_tokens`` - 1 new ones (the default is capped
+        there; a larger ``max_new_tokens`` is refused)."""
+        limit = params.max_new_tokens
+        if limit is not None and limit > max_tokens - 1:
+            raise InvalidInputError(
+                f"{limit}; with return_attention at most {max_tokens - 1} (ATTENTION_MAX_TOKENS - 1)",
+                "max_new_tokens",
+                "out_of_range",
+            )
+        ((item, _),) = self.prepare([text], params)
+        return dataclasses.replace(params, max_new_tokens=min(item.max_new_tokens, max_tokens - 1))
+
+    def attention_length(self, text: str) -> tuple[int, str]:
+        ((item, _),) = self.prepare([text], DecodingParams())
+        return len(item.ids), "inputs"
+
+    def attention_feeds(self, text: str, result: Translation) -> AttentionFeeds:
+        """Teacher-force the best translation after the source; row i is the step that produced target
+        token i (cross-attention: target tokens x source tokens)."""
+        ((item, _),) = self.prepare([text], DecodingParams())
+        source, best = item.ids, result.sequences[0]
+        produced = (
+            [*best.token_ids, self.eos]
+            if best.finish_reason == "eos" or not best.token_ids
+            else best.token_ids
+        )
         feeds = {
             "input_ids": np.array([source], dtype=np.int64),
             "attention_mask": np.ones((1, len(source)), dtype=np.int64),
             "decoder_input_ids": np.array([[self.bos, *produced[:-1]]], dtype=np.int64),
         }
-        return self.attention_maps.result(
-            "cross",
-            selection,
-            decoded_labels(self.tokenizer, produced),
-            decoded_labels(self.tokenizer, source),
-            self.attention_maps.weights(feeds, selection),
+        return AttentionFeeds(
+            feeds, "cross", decoded_labels(self.tokenizer, produced), decoded_labels(self.tokenizer, source)
         )
 
     async def warmup(self) -> None:

@@ -1,7 +1,7 @@
 """Dependency providers: handlers get the services from app.state, never from module globals.
 
 A handler that needs more than one service takes ``services: Services``, one dependency, rather than
-``inference``, ``limits`` and ``settings`` separately: Litestar resolves the dependencies of one level
+``inference`` and ``settings`` separately: Litestar resolves the dependencies of one level
 concurrently, in an anyio task group with a task per dependency, which cost ~0.2 ms of event-loop time
 per request (a quarter of a classify request's) for three attribute reads.
 """
@@ -13,18 +13,16 @@ from typing import cast
 
 from litestar.datastructures import State
 
-from service.inference.limits import RequestLimits
-from service.inference.service import InferenceService
+from service.inference import InferenceService
 from service.metrics import Metrics
 from service.settings import Settings
 
 
 @dataclass(frozen=True)
 class Services:
-    """What the request handlers use: the inference facade, the request limits and the settings."""
+    """What the request handlers use: the inference core (with its request limits) and the settings."""
 
     inference: InferenceService
-    limits: RequestLimits
     settings: Settings
 
 

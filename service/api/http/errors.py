@@ -19,7 +19,6 @@ from pydantic import ValidationError as PydanticValidationError
 
 from service.api.http.error_body import ErrorBody, ErrorDetail, FieldError, describe_status
 from service.api.http.request_id import request_id_of
-from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
 from service.errors import (
     InvalidInputError,
     ModelNotFoundError,
@@ -27,6 +26,7 @@ from service.errors import (
     NotReadyError,
     ServiceError,
 )
+from service.inference import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
 
 log = logging.getLogger(__name__)
 

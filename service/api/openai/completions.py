@@ -37,12 +37,8 @@ from service.api.openai.schemas import (
     chunk_schema,
 )
 from service.api.rest.envelope import cache_control
-from service.engine.generation_contract import GenerationResult, TokenEvent, TokenLogprob
-from service.engine.generation_stream import GenerationStream
 from service.errors import InvalidInputError
-from service.inference import InferenceService
-from service.pipelines.generate import Generator
-from service.pipelines.results import Generation, Outcome
+from service.inference import Generation, GenerationStreams, ServedModel, TokenEvent, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +60,8 @@ _OK = ResponseSpec(
 class TokenTexts:
     """Token ids -> the strings OpenAI's logprobs show (each token decoded alone, as vLLM does)."""
 
-    def __init__(self, generator: Generator) -> None:
-        self.tokenizer = generator.tokenizer
-
-    def text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+    def __init__(self, model: ServedModel) -> None:
+        self.text = model.token_text
 
     def logprobs(self, entries: Sequence[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
         """OpenAI's legacy ``{tokens, token_logprobs, top_logprobs, text_offset}`` from ``offset`` on."""
@@ -105,46 +98,23 @@ def _choice(
     )
 
 
-async def _all_choices(
-    inference: InferenceService,
-    data: CompletionRequest,
-    request: Request[Any, Any, Any],
-    fields: list[str],
-) -> list[Outcome[Generation]]:
-    """One ``generate`` call per choice (each with its own seed), all decoding together; any failure
-    cancels the others."""
-    request_id = request_id_of(request) or ""
-    control = cache_control(request)
-    calls = [
-        inference.generate(
-            data.prompts, data.sampling_params(i), data.model, "prompt", fields, request_id, control
-        )
-        for i in range(data.choices)
-    ]
-    if (
-        len(calls) == 1
-    ):  # the common case: no extra task, so the sequence reaches the engine as early as /v1/generate's
-        return [await calls[0]]
-    tasks = [asyncio.ensure_future(call) for call in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
+def _usage(usage: Usage) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=usage.input_tokens,
+        completion_tokens=usage.output_tokens,
+        total_tokens=usage.total_tokens,
+    )
 
 
 def _sse(payload: str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-async def _merged(
-    streams: Sequence[GenerationStream],
-) -> AsyncIterator[tuple[int, TokenEvent | GenerationResult]]:
+async def _merged(streams: GenerationStreams) -> AsyncIterator[tuple[int, TokenEvent | Generation]]:
     """Events of several streams as they come, tagged with the stream's index; each ends with its result."""
-    queue: asyncio.Queue[tuple[int, TokenEvent | GenerationResult | Exception]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, TokenEvent | Generation | Exception]] = asyncio.Queue()
 
-    async def pump(index: int, stream: GenerationStream) -> None:
+    async def pump(index: int, stream: Any) -> None:
         try:
             async for event in stream:
                 queue.put_nowait((index, event))
@@ -152,14 +122,14 @@ async def _merged(
         except Exception as exc:
             queue.put_nowait((index, exc))
 
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams.streams)]
     try:
         remaining = len(tasks)
         while remaining:
             index, item = await queue.get()
             if isinstance(item, Exception):
                 raise item
-            if isinstance(item, GenerationResult):
+            if isinstance(item, Generation):
                 remaining -= 1
             yield index, item
     finally:
@@ -170,10 +140,7 @@ async def _merged(
 async def _chunks(
     data: CompletionRequest,
     request: Request[Any, Any, Any],
-    streams: list[GenerationStream],
-    prompt_tokens: int,
-    model: str,
-    version: str,
+    streams: GenerationStreams,
     texts: TokenTexts,
 ) -> AsyncIterator[bytes]:
     """OpenAI's stream: a chunk per token and choice, a last one per choice with its finish_reason,
@@ -184,8 +151,8 @@ async def _chunks(
         body = CompletionResponse(
             id=completion_id,
             created=created,
-            model=model,
-            system_fingerprint=version,
+            model=streams.model,
+            system_fingerprint=streams.model_version,
             choices=choices,
             usage=usage,
         )
@@ -195,8 +162,8 @@ async def _chunks(
         return response([choice])
 
     finished = False
-    offsets = [0] * len(streams)  # characters sent per choice, for text_offset
-    completion_tokens = 0
+    offsets = [0] * len(streams.streams)  # characters sent per choice, for text_offset
+    results: list[Generation | None] = [None] * len(streams.streams)
     try:
         if data.echo:
             for k, prompt in enumerate(p for p in data.prompts for _ in range(data.choices)):
@@ -210,24 +177,18 @@ async def _chunks(
                 offsets[k] += len(item.text)
                 yield chunk(CompletionChoice(index=k, text=item.text, finish_reason=None, logprobs=logprobs))
             else:
-                completion_tokens += item.completion_tokens
+                results[k] = item
                 finish = _FINISH[item.finish_reason]
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=finish))
         finished = True
         if data.stream_options is not None and data.stream_options.include_usage:
-            usage = CompletionUsage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_tokens + completion_tokens,
-            )
-            yield response([], usage)
+            yield response([], _usage(streams.usage([r for r in results if r is not None])))
     except Exception as exc:  # headers are sent: the failure can only be reported in-band, as vLLM does
         finished = True
         yield _sse(json.dumps(openai_stream_error(exc, request)))
     finally:
         if not finished:  # the client went away (or the server is stopping): stop decoding
-            for stream in streams:
-                stream.cancel()
+            streams.cancel()
     yield b"data: [DONE]\n\n"
 
 
@@ -256,68 +217,50 @@ class CompletionsController(Controller):
         seeded request samples with ``seed + i``. Errors are OpenAI's ``{"error": {message, type,
         param, code}}``; invalid parameters answer 400.
         """
-        inputs = data.fields_and_prompts()
-        services.limits.items("prompt", len(inputs))
-        services.limits.texts(inputs)
-        services.limits.new_tokens("max_tokens", data.max_tokens)
-        services.limits.generation_budget("max_tokens", len(inputs) * data.choices, data.new_tokens)
-        services.inference.check_ready()
-        generator = services.inference.registry.resolve(Generator, data.model, "model")
-        texts = TokenTexts(generator)
-        fields = [f for f, _ in inputs]
-        if data.stream:
-            return await self._stream(request, data, services.inference, texts, fields)
-        outcomes = await unless_disconnected(request, _all_choices(services.inference, data, request, fields))
+        core = services.inference
+        with data.field_names():
+            core.check_ready()
+            texts = TokenTexts(core.model(data.model, task="text-generation"))
+            if data.stream:
+                return await self._stream(request, data, services, texts)
+            outcome = await unless_disconnected(
+                request,
+                core.generate(
+                    data.prompts,
+                    data.sampling_params(),
+                    data.model,
+                    cache_control(request),
+                    request_id_of(request) or "",
+                    data.choices,
+                ),
+            )
         n = data.choices
         choices = [
-            _choice(data, prompt, outcomes[i].results[p], p * n + i, texts)
+            _choice(data, prompt, outcome.results[p * n + i], p * n + i, texts)
             for p, prompt in enumerate(data.prompts)
             for i in range(n)
         ]
-        prompt_tokens = sum(g.prompt_tokens for g in outcomes[0].results)
-        completion_tokens = sum(g.completion_tokens for o in outcomes for g in o.results)
         body = CompletionResponse(
             id=_completion_id(),
             created=int(time.time()),
-            model=outcomes[0].model,
-            system_fingerprint=outcomes[0].model_version,
+            model=outcome.model,
+            system_fingerprint=outcome.model_version,
             choices=choices,
-            usage=CompletionUsage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_tokens + completion_tokens,
-            ),
+            usage=_usage(outcome.usage),
         )
         return Response(body)
 
     async def _stream(
-        self,
-        request: Request[Any, Any, Any],
-        data: CompletionRequest,
-        inference: InferenceService,
-        texts: TokenTexts,
-        fields: list[str],
+        self, request: Request[Any, Any, Any], data: CompletionRequest, services: Services, texts: TokenTexts
     ) -> Response[Any]:
         if data.echo and data.logprobs is not None:
             raise InvalidInputError(
                 "echo with logprobs is answered without streaming (stream: false)", "echo", "unsupported"
             )
-        request_id = request_id_of(request) or ""
-        streams: list[GenerationStream] = []
-        prompt_tokens = 0
-        try:
-            for prompt, field in zip(data.prompts, fields, strict=True):
-                for i in range(data.choices):
-                    generator, opened = await inference.open_stream(
-                        prompt, data.sampling_params(i), data.model, field, request_id
-                    )
-                    streams.append(opened.stream)
-                prompt_tokens += opened.prompt_tokens
-        except BaseException:  # all choices or none
-            for stream in streams:
-                stream.cancel()
-            raise
-        body = _chunks(data, request, streams, prompt_tokens, generator.name, generator.model.version, texts)
+        streams = await services.inference.open_streams(
+            data.prompts, data.sampling_params(), data.model, request_id_of(request) or "", data.choices
+        )
+        body = _chunks(data, request, streams, texts)
         return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @post(
@@ -327,13 +270,15 @@ class CompletionsController(Controller):
         responses=OPENAI_ERRORS,
         summary="OpenAI chat completion: refused, the model has no chat template",
     )
-    async def chat_completions(self, data: dict[str, Any], inference: InferenceService) -> Response[Any]:
+    async def chat_completions(self, data: dict[str, Any], services: Services) -> Response[Any]:
         """The GPT served here is a base model without a chat template, so there is no honest way to
         turn messages into a prompt: 400 (as vLLM answers for a model without a template). An unknown
         ``model`` is a 404 first. Use POST /v1/completions with a prompt."""
         model = data.get("model")
-        inference.check_ready()
-        generator = inference.registry.resolve(Generator, model if isinstance(model, str) else None, "model")
+        services.inference.check_ready()
+        generator = services.inference.model(
+            model if isinstance(model, str) else None, task="text-generation"
+        )
         raise InvalidInputError(
             f"model {generator.name!r} is a base model without a chat template, so chat completions are "
             "not supported; use POST /v1/completions with a prompt",

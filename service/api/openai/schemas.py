@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.common import ModelName, Text, json_body, json_schema_of
-from service.engine.sampling import SamplingParams
+from service.inference import SamplingParams
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)
+DEFAULTS = SamplingParams()  # every other default: the engine's own
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs (OpenAI's own limit is 5)
 StopString = Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -111,10 +113,9 @@ class CompletionRequest(BaseModel):
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
-    def fields_and_prompts(self) -> list[tuple[str, str]]:
-        if isinstance(self.prompt, str):
-            return [("prompt", self.prompt)]
-        return [(f"prompt[{i}]", p) for i, p in enumerate(self.prompt)]
+    def field_names(self) -> FieldNames:
+        """The core's names in OpenAI's words: ``prompt`` / ``prompt[i]``, ``max_tokens``."""
+        return one_or_many("prompt", "prompt", isinstance(self.prompt, str), max_new_tokens="max_tokens")
 
     @property
     def choices(self) -> int:
@@ -124,19 +125,28 @@ class CompletionRequest(BaseModel):
     def new_tokens(self) -> int:
         return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
 
-    def sampling_params(self, choice: int = 0) -> SamplingParams:
-        """The engine's parameters for choice ``choice`` of every prompt (its seed: ``seed + choice``)."""
+    def sampling_params(self) -> SamplingParams:
+        """The engine's parameters for every prompt (choice ``i`` samples with ``seed + i``: the core's rule).
+
+        OpenAI's documented defaults are mapped here explicitly (``max_tokens`` 16); every other
+        parameter left out takes the engine's own default."""
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
             max_new_tokens=self.new_tokens,
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_k=max(self.top_k or 0, 0),
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
+            temperature=DEFAULTS.temperature if self.temperature is None else self.temperature,
+            top_k=max(self.top_k or DEFAULTS.top_k, 0),
+            top_p=DEFAULTS.top_p if self.top_p is None else self.top_p,
+            repetition_penalty=(
+                DEFAULTS.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty
+            ),
+            presence_penalty=DEFAULTS.presence_penalty
+            if self.presence_penalty is None
+            else self.presence_penalty,
+            frequency_penalty=(
+                DEFAULTS.frequency_penalty if self.frequency_penalty is None else self.frequency_penalty
+            ),
             stop=tuple(stop),
-            seed=self.seed + choice if self.seed is not None else None,
+            seed=self.seed,
             logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo else None,
         )

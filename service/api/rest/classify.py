@@ -18,6 +18,7 @@ from litestar.params import Body
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
+from service.api.http.fields import FieldNames
 from service.api.http.guards import require_json, require_multipart
 from service.api.rest.envelope import cache_control, envelope
 from service.api.rest.schemas.classify import (
@@ -28,7 +29,7 @@ from service.api.rest.schemas.classify import (
     ImageUpload,
 )
 from service.errors import InvalidInputError
-from service.pipelines.attention import AttentionQuery
+from service.inference import AttentionQuery
 
 
 def decode_base64_image(field: str, value: str, max_bytes: int) -> bytes:
@@ -67,34 +68,19 @@ class ClassifyController(Controller):
         A named model must serve the input's kind: an image for a text model is
         a 422 naming ``model``.
         """
-        inputs = data.fields_and_values()
-        services.limits.items(data.input_field, len(inputs))
-        if data.is_image:
-            images = [
-                decode_base64_image(field, value, services.limits.max_image_bytes) for field, value in inputs
-            ]
-            for (field, _), image in zip(inputs, images, strict=True):
-                services.limits.image(field, image)
-            work = services.inference.classify_images(
-                images,
-                data.top_k,
-                data.model,
-                data.input_field,
-                [field for field, _ in inputs],
-                cache_control(request, data.cache),
-                data.attention_query(services.settings.attention_max_tokens),
-            )
-        else:
-            services.limits.texts(inputs)
-            work = services.inference.classify_texts(
-                [t for _, t in inputs],
-                data.top_k,
-                data.model,
-                data.input_field,
-                cache_control(request, data.cache),
-                data.attention_query(services.settings.attention_max_tokens),
-            )
-        outcome = await unless_disconnected(request, work)
+        core, cache = services.inference, cache_control(request, data.cache)
+        with data.field_names() as names:
+            if data.is_image:
+                images = [
+                    decode_base64_image(
+                        names.field("inputs", i) or "image", value, core.limits.max_image_bytes
+                    )
+                    for i, value in enumerate(data.inputs)
+                ]
+                work = core.classify_images(images, data.top_k, data.model, cache, data.attention_query())
+            else:
+                work = core.classify_texts(data.inputs, data.top_k, data.model, cache, data.attention_query())
+            outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
             **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
         )
@@ -124,16 +110,14 @@ class ClassifyController(Controller):
         if data.attention_head is not None and data.attention_head < 0:
             raise InvalidInputError("must be at least 0", "attention_head", "out_of_range")
         attention = (
-            AttentionQuery(data.attention_layer, data.attention_head, services.settings.attention_max_tokens)
-            if data.return_attention
-            else None
+            AttentionQuery(data.attention_layer, data.attention_head) if data.return_attention else None
         )
         content = await data.file.read()
-        services.limits.image("file", content)
         work = services.inference.classify_images(
-            [content], data.top_k, data.model or None, "file", ["file"], cache_control(request), attention
+            [content], data.top_k, data.model or None, cache_control(request), attention
         )
-        outcome = await unless_disconnected(request, work)
+        with FieldNames({}, {"inputs": "file"}):
+            outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
             **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
         )

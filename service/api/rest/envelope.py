@@ -8,7 +8,7 @@ from litestar import Request
 
 from service.api.rest.schemas.common import UsageOut
 from service.cache.response_cache import CacheControl
-from service.pipelines.results import Outcome
+from service.inference import Outcome
 
 
 def envelope(outcome: Outcome[Any]) -> dict[str, Any]:

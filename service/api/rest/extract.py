@@ -34,36 +34,21 @@ class ExtractController(Controller):
         window are cut into overlapping windows (the manifest's stride) and the best span over all
         windows wins. entities: ``[{text, label, start, end, score}]`` with offsets into the text.
         """
-        if data.task == "entities":
-            inputs = data.fields_and_texts()
-            services.limits.items(data.input_field, len(inputs))
-            services.limits.texts(inputs)
-            tagged = await unless_disconnected(
-                request,
-                services.inference.entities(
-                    [t for _, t in inputs],
-                    data.model,
-                    data.input_field,
-                    cache_control(request, data.cache),
-                    data.attention_query(services.settings.attention_max_tokens),
-                ),
-            )
-            entities = [EntitiesOut.of(e) for e in tagged.results]
-            return ExtractResponse(**envelope(tagged), task="entities", results=entities)
-        pairs = data.pairs()
-        services.limits.items(data.input_field, len(pairs))
-        services.limits.texts([(f"{prefix}question", q) for prefix, (q, _) in pairs])
-        services.limits.contexts([(f"{prefix}context", c) for prefix, (_, c) in pairs])
-        outcome = await unless_disconnected(
-            request,
-            services.inference.answer(
-                [pair for _, pair in pairs],
-                data.model,
-                data.input_field,
-                cache_control(request, data.cache),
-                data.attention_query(services.settings.attention_max_tokens),
-            ),
+        core, cache, attention = (
+            services.inference,
+            cache_control(request, data.cache),
+            data.attention_query(),
         )
+        with data.field_names():
+            if data.task == "entities":
+                tagged = await unless_disconnected(
+                    request, core.entities(data.inputs, data.model, cache, attention)
+                )
+                entities = [EntitiesOut.of(e) for e in tagged.results]
+                return ExtractResponse(**envelope(tagged), task="entities", results=entities)
+            outcome = await unless_disconnected(
+                request, core.answer(data.pairs(), data.model, cache, attention)
+            )
         return ExtractResponse(
             **envelope(outcome), task="qa", results=[AnswerOut.of(a) for a in outcome.results]
         )

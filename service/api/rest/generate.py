@@ -51,32 +51,17 @@ class GenerateController(Controller):
         type is a plain Response so that a stream keeps its text/event-stream
         media type; the 200 body is documented by ``_OK``.)
         """
-        inputs = data.fields_and_prompts()
-        services.limits.items(data.input_field, len(inputs))
-        services.limits.texts(inputs)
-        services.limits.new_tokens("max_new_tokens", data.max_new_tokens)
-        params = data.sampling_params(services.settings.max_new_tokens)
-        services.limits.generation_budget("max_new_tokens", len(inputs), params.max_new_tokens)
-        request_id = request_id_of(request) or ""
-        if data.stream:
-            assert data.prompt is not None  # the schema allows streaming a single prompt only
-            pipeline, opened = await services.inference.open_stream(
-                data.prompt, params, data.model, "prompt", request_id
+        core, request_id = services.inference, request_id_of(request) or ""
+        params = data.sampling_params()
+        with data.field_names():
+            if data.stream:
+                streams = await core.open_streams(data.prompts_given, params, data.model, request_id)
+                return generation_events(streams, request_id or None)
+            outcome = await unless_disconnected(
+                request,
+                core.generate(
+                    data.prompts_given, params, data.model, cache_control(request, data.cache), request_id
+                ),
             )
-            return generation_events(opened, pipeline.name, pipeline.model.version, request_id or None)
-        prompts = [p for _, p in inputs]
-        fields = [f for f, _ in inputs]
-        outcome = await unless_disconnected(
-            request,
-            services.inference.generate(
-                prompts,
-                params,
-                data.model,
-                data.input_field,
-                fields,
-                request_id,
-                cache_control(request, data.cache),
-            ),
-        )
         results = [GenerationOut.of(g) for g in outcome.results]
         return Response(GenerateResponse(**envelope(outcome), results=results))

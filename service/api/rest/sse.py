@@ -19,9 +19,12 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from service.api.http.error_body import ErrorBody, ErrorDetail
 from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
-from service.engine.errors import BatcherClosedError, QueueTimeoutError
-from service.engine.generation_contract import GenerationCancelledError
-from service.pipelines.generate import OpenStream
+from service.inference import (
+    BatcherClosedError,
+    GenerationCancelledError,
+    GenerationStreams,
+    QueueTimeoutError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +37,9 @@ _STREAM_ERRORS: dict[type[BaseException], str] = {
 
 
 async def _events(
-    opened: OpenStream, model: str, version: str, request_id: str | None
+    streams: GenerationStreams, request_id: str | None
 ) -> AsyncIterator[ServerSentEventMessage]:
-    stream = opened.stream
+    (stream,) = streams.streams
     finished = False
     try:
         async for event in stream:
@@ -44,17 +47,17 @@ async def _events(
             yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
         result = await stream.result()
         finished = True
-        usage = {
-            "input_tokens": result.prompt_tokens,
-            "output_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-        }
+        usage = streams.usage([result])
         done = DoneEventOut(
-            model=model,
-            model_version=version,
+            model=streams.model,
+            model_version=streams.model_version,
             finish_reason=result.finish_reason,
             text=result.text,
-            usage=usage,
+            usage={
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "total_tokens": usage.total_tokens,
+            },
         )
         yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
@@ -75,7 +78,5 @@ async def _events(
             stream.cancel()
 
 
-def generation_events(
-    opened: OpenStream, model: str, version: str, request_id: str | None
-) -> ServerSentEvent:
-    return ServerSentEvent(_events(opened, model, version, request_id))
+def generation_events(streams: GenerationStreams, request_id: str | None) -> ServerSentEvent:
+    return ServerSentEvent(_events(streams, request_id))

@@ -19,10 +19,8 @@ from service.api.rest.schemas.system import (
     RequestLimitsOut,
     VariantOut,
 )
-from service.engine.manifest import Manifest
-from service.inference import InferenceService
+from service.inference import InferenceService, Manifest, ServedModel
 from service.metrics import Metrics
-from service.pipelines.base import ModelPipeline
 
 
 def model_limits(manifest: Manifest) -> dict[str, Any]:
@@ -55,8 +53,8 @@ def validation_figures(manifest: Manifest) -> dict[str, dict[str, Any]] | None:
     }
 
 
-def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
-    m = pipeline.model
+def describe(model: ServedModel) -> ModelOut:
+    m = model.loaded
     manifest_file = m.path / "manifest.json"
     return ModelOut(
         id=m.name,
@@ -77,7 +75,7 @@ def describe(pipeline: ModelPipeline, default_for: list[str]) -> ModelOut:
         },
         labels=m.manifest.labels or None,
         limits=model_limits(m.manifest),
-        default_for=default_for,
+        default_for=list(model.default_for),
         validation=validation_figures(m.manifest),
     )
 
@@ -94,22 +92,13 @@ class ModelsController(Controller):
         carries its task, version, execution provider, labels, limits and validation figures, and the
         list the folders refused at start-up and this deployment's request limits. ``models`` is a
         deprecated alias of ``data``, kept for one release."""
-        registry = services.inference.registry
-        listed = [describe(p, registry.default_for(p.name)) for p in registry.pipelines.values()]
+        core = services.inference
+        listed = [describe(m) for m in core.models()]
         return ModelsResponse(
             data=listed,
             models=listed,
-            refused=[RefusedOut(name=n, reason=r) for n, r in sorted(registry.refused.items())],
-            limits=RequestLimitsOut(
-                max_items=services.limits.max_items,
-                max_text_chars=services.limits.max_text_chars,
-                max_context_chars=services.limits.max_context_chars,
-                max_new_tokens=services.limits.max_new_tokens,
-                max_total_new_tokens=services.limits.max_total_new_tokens,
-                max_body_bytes=services.limits.max_body_bytes,
-                max_image_bytes=services.limits.max_image_bytes,
-                max_image_pixels=services.limits.max_image_pixels,
-            ),
+            refused=[RefusedOut(name=n, reason=r) for n, r in core.refused().items()],
+            limits=RequestLimitsOut.model_validate(core.limits, from_attributes=True),
         )
 
 
@@ -139,14 +128,14 @@ class HealthController(Controller):
         Refused folders do not make the service unready (the others serve); they are listed. Nor does
         an unreachable Redis: the cache fails open (``cache: degraded``) and requests are served uncached.
         """
-        registry = inference.registry
         status: str = inference.phase
-        if status == "ready" and not registry.pipelines:
+        names = [m.name for m in inference.models()]
+        if status == "ready" and not names:
             status = "no_models"
         body = ReadyResponse(
             status=status,
-            models={name: "ready" if status == "ready" else status for name in registry.pipelines},
-            refused=dict(sorted(registry.refused.items())),
+            models={name: "ready" if status == "ready" else status for name in names},
+            refused=inference.refused(),
             cache=await inference.cache.status(),
             cache_backend=inference.cache.kind,
         )

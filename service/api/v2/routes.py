@@ -11,7 +11,6 @@ batchers, cache, limits, metrics. Errors are ``{"error": "..."}``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, cast
@@ -21,21 +20,17 @@ from litestar import Controller, Request, Response, get, post, route
 from litestar.exceptions import NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
-from litestar.response import ServerSentEvent, ServerSentEventMessage
 from pydantic import ValidationError
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import MalformedBodyError
-from service.api.http.guards import read_json
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
-from service.api.rest.envelope import cache_control
 from service.api.rest.schemas.common import json_schema_of
-from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_error_responses, v2_stream_error
+from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_error_responses
+from service.api.v2.infer import InferCall, infer
 from service.api.v2.schemas import (
-    GenerateRequest,
-    GenerateResponse,
     InferRequest,
     InferResponse,
     LiveOut,
@@ -50,19 +45,12 @@ from service.api.v2.schemas import (
 from service.api.v2.tasks import (
     COMMON_PARAMETERS,
     RUNNERS,
-    Call,
-    Signature,
     TensorSpec,
-    bind_inputs,
-    decoding_params,
-    sampling_params,
     signature,
 )
 from service.api.v2.tensors import Output, decompress, encode_response, read_inputs, split_body
-from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
-from service.inference import InferenceService
-from service.pipelines.base import ModelPipeline
-from service.pipelines.results import Outcome
+from service.errors import InvalidInputError
+from service.inference import InferenceService, Outcome, ServedModel
 
 SERVER_NAME = "transformer-serving"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "generate"]
@@ -71,7 +59,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 NO_TENSORS = "its task has no tensors on the v2 protocol"
 _UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
 _INDEX_ERRORS = v2_error_responses(400, 413)
-_GENERATE_TASKS = ("text-generation", "translation")
 
 MODEL = "/models/{model_name:str}"
 VERSIONED = "/models/{model_name:str}/versions/{model_version:str}"
@@ -81,37 +68,20 @@ def _paths(suffix: str = "") -> list[str]:
     return [MODEL + suffix, VERSIONED + suffix]
 
 
-def _server_version() -> str:
+def server_version() -> str:
     try:
         return metadata.version(SERVER_NAME)
     except metadata.PackageNotFoundError:
         return "0"
 
 
-class ModelVersionNotFoundError(ModelNotFoundError):
-    """A version that is not the loaded one: 404, as Triton answers an unknown version."""
-
-    def __init__(self, name: str, version: str, loaded: str) -> None:
-        ServiceError.__init__(
-            self,
-            f"Request for unknown model: {name!r} version {version!r} is not found (loaded version: {loaded})",
-            field="model_version",
-        )
-
-
-def resolve(inference: InferenceService, name: str, version: str | None) -> ModelPipeline:
+def resolve(core: InferenceService, name: str, version: str | None) -> ServedModel:
     """The loaded model ``name``; with ``version``, only if that is the loaded version (the manifest's hash)."""
-    pipeline = inference.registry.pipelines.get(name)
-    if pipeline is None:
-        raise ModelNotFoundError(name, list(inference.registry.pipelines))
-    if version is not None and version != pipeline.model.version:
-        raise ModelVersionNotFoundError(name, version, pipeline.model.version)
-    return pipeline
+    return core.model(name, version=version)
 
 
-def model_metadata(pipeline: ModelPipeline) -> ModelMetadata:
-    sig = signature(pipeline)
-    model = pipeline.model
+def model_metadata(model: ServedModel) -> ModelMetadata:
+    sig = signature(model)
     params: dict[str, Any] = {
         "task": model.task,
         "request_parameters": {**sig.parameters, **COMMON_PARAMETERS},
@@ -159,13 +129,6 @@ _INDEX_BODY = _request_body(json_schema_of(RepositoryIndexRequest), "Optional: {
 _BINARY_OK = also_answers({"application/octet-stream": {"type": "string", "format": "binary"}})
 
 
-def _flag(parameters: dict[str, Any], name: str, default: bool) -> bool:
-    value = parameters.get(name, default)
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"parameters.{name} must be a boolean", f"parameters.{name}", "bool_type")
-    return value
-
-
 def _parse_infer(header: dict[str, Any]) -> InferRequest:
     try:
         return InferRequest.model_validate(header)
@@ -175,23 +138,6 @@ def _parse_infer(header: dict[str, Any]) -> InferRequest:
         raise InvalidInputError(
             f"{where}: {err.get('msg')}" if where else str(err.get("msg")), where or None
         ) from exc
-
-
-def _requested_outputs(
-    model: str, sig: Signature, body: InferRequest, binary_default: bool
-) -> dict[str, bool]:
-    """Output name -> whether it goes as binary data, for the outputs the request names (none: all)."""
-    declared = {spec.name for spec in sig.outputs}
-    wanted: dict[str, bool] = {}
-    for out in body.outputs or []:
-        if out.name not in declared:
-            raise InvalidInputError(
-                f"{model} has no output {out.name!r} (outputs: {', '.join(sorted(declared))})",
-                f"outputs.{out.name}",
-                "unknown_output",
-            )
-        wanted[out.name] = _flag(out.parameters or {}, "binary_data", binary_default)
-    return wanted
 
 
 def _infer_response(
@@ -223,7 +169,7 @@ class OpenInferenceController(Controller):
 
     @get("/", summary="Server metadata (name, version, extensions)")
     async def server_metadata(self) -> ServerMetadata:
-        return ServerMetadata(name=SERVER_NAME, version=_server_version(), extensions=EXTENSIONS)
+        return ServerMetadata(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
 
     @get("/health/live", summary="The server is live (200)")
     async def live(self) -> LiveOut:
@@ -237,7 +183,7 @@ class OpenInferenceController(Controller):
         },
     )
     async def ready(self, inference: InferenceService) -> Response[ReadyOut]:
-        ready = inference.phase == "ready" and bool(inference.registry.pipelines)
+        ready = inference.ready
         headers = {} if ready else {"Retry-After": "1"}
         return Response(ReadyOut(ready=ready), status_code=200 if ready else 503, headers=headers)
 
@@ -263,12 +209,12 @@ class OpenInferenceController(Controller):
     async def model_ready(
         self, inference: InferenceService, model_name: str, model_version: str | None = None
     ) -> Response[ModelReadyOut]:
-        pipeline = resolve(inference, model_name, model_version)
-        signature(pipeline)  # a model without v2 tensors is not there for a v2 client
+        model = resolve(inference, model_name, model_version)
+        signature(model)  # a model without v2 tensors is not there for a v2 client
         ready = inference.phase == "ready"
         headers = {} if ready else {"Retry-After": "1"}
         return Response(
-            ModelReadyOut(name=pipeline.name, ready=ready), status_code=200 if ready else 503, headers=headers
+            ModelReadyOut(name=model.name, ready=ready), status_code=200 if ready else 503, headers=headers
         )
 
     @get(_paths("/config"), summary="A Triton-style model configuration (read-only)", responses=_UNKNOWN)
@@ -283,13 +229,13 @@ class OpenInferenceController(Controller):
         ``max_batch_size`` is 0 because the batch axis is part of each tensor's ``dims`` (``-1``); the
         service batches requests itself (``dynamic_batching``), up to MAX_ITEMS items per request.
         """
-        pipeline = resolve(services.inference, model_name, model_version)
-        sig = signature(pipeline)
+        model = resolve(services.inference, model_name, model_version)
+        sig = signature(model)
         return {
-            "name": pipeline.name,
+            "name": model.name,
             "platform": PLATFORM,
             "backend": "onnxruntime",
-            "version_policy": {"specific": {"versions": [pipeline.model.version]}},
+            "version_policy": {"specific": {"versions": [model.version]}},
             "max_batch_size": 0,
             "input": [_config_tensor(t) for t in sig.inputs],
             "output": [_config_tensor(t) for t in sig.outputs],
@@ -297,7 +243,9 @@ class OpenInferenceController(Controller):
                 "max_queue_delay_microseconds": int(services.settings.max_queue_delay_ms * 1000),
                 "preferred_batch_size": [services.settings.max_batch_size],
             },
-            "parameters": {"max_items_per_request": {"string_value": str(services.limits.max_items)}},
+            "parameters": {
+                "max_items_per_request": {"string_value": str(services.inference.limits.max_items)}
+            },
         }
 
     @post(
@@ -321,18 +269,16 @@ class OpenInferenceController(Controller):
             except ValidationError as exc:
                 raise InvalidInputError(f"ready: {exc.errors()[0]['msg']}", "ready") from exc
             ready_only = bool(parsed.ready)
-        registry = inference.registry
         out = [
-            RepositoryModel(name=n, version=p.model.version, state="READY")
-            if p.task in RUNNERS
-            else RepositoryModel(name=n, version=p.model.version, state="UNAVAILABLE", reason=NO_TENSORS)
-            for n, p in registry.pipelines.items()
-            if p.task in RUNNERS or not ready_only
+            RepositoryModel(name=m.name, version=m.version, state="READY")
+            if m.task in RUNNERS
+            else RepositoryModel(name=m.name, version=m.version, state="UNAVAILABLE", reason=NO_TENSORS)
+            for m in inference.models()
+            if m.task in RUNNERS or not ready_only
         ]
         if not ready_only:
             out += [
-                RepositoryModel(name=n, state="UNAVAILABLE", reason=r)
-                for n, r in sorted(registry.refused.items())
+                RepositoryModel(name=n, state="UNAVAILABLE", reason=r) for n, r in inference.refused().items()
             ]
         return out
 
@@ -364,181 +310,22 @@ class OpenInferenceController(Controller):
         """Tensors per model: ``GET /v2/models/{name}`` (inputs, outputs, parameters) and
         docs/OPEN_INFERENCE_PROTOCOL.md. Outputs are JSON unless ``binary_data_output`` or an output's
         ``binary_data`` asks for binary."""
-        pipeline = resolve(services.inference, model_name, model_version)
+        resolve(services.inference, model_name, model_version)  # an unknown model is a 404 before the body
         raw = decompress(
-            await request.body(), request.headers.get("content-encoding"), services.limits.max_body_bytes
+            await request.body(),
+            request.headers.get("content-encoding"),
+            services.inference.limits.max_body_bytes,
         )
         header, binary = split_body(raw, request.headers.get(HEADER_LENGTH))
         body = _parse_infer(header)
-        sig = signature(pipeline)
-        inputs = bind_inputs(pipeline.name, sig, read_inputs(body.inputs, binary))
-        parameters = dict(body.parameters or {})
-        binary_default = _flag(parameters, "binary_data_output", False)
-        use_cache = _flag(parameters, "cache", True)
-        wanted = _requested_outputs(pipeline.name, sig, body, binary_default)
-        call = Call(
-            services.inference,
-            services.limits,
-            services.settings,
-            cache_control(request, use_cache),
+        call = InferCall(
+            model_name,
+            model_version,
+            read_inputs(body.inputs, binary),
+            body.parameters or {},
+            [(out.name, out.parameters or {}) for out in body.outputs or []],
+            request.headers.get("cache-control"),
             request_id_of(request) or "",
         )
-        runner = RUNNERS[pipeline.task]
-        outcome, outputs = await unless_disconnected(request, runner(pipeline, inputs, parameters, call))
-        by_name = {o.name: o for o in outputs}
-        selected = (  # in the order asked for; all of them, in the model's order, when none is named
-            [(by_name[name], binary) for name, binary in wanted.items()]
-            if wanted
-            else [(o, binary_default) for o in outputs]
-        )
-        return _infer_response(outcome, body.id, selected)
-
-    # --- Triton's generate extension ----------------------------------------------------------------
-
-    def _generate_pipeline(
-        self, inference: InferenceService, name: str, version: str | None
-    ) -> ModelPipeline:
-        pipeline = resolve(inference, name, version)
-        if pipeline.task not in _GENERATE_TASKS:
-            raise InvalidInputError(
-                f"model {name!r} serves {pipeline.task}; generate takes a text-generation or translation model",
-                "model_name",
-                "task_mismatch",
-            )
-        return pipeline
-
-    @staticmethod
-    def _parameters(data: GenerateRequest) -> dict[str, Any]:
-        """``parameters`` and every other top-level field (Triton passes those as parameters too)."""
-        return {**(data.model_extra or {}), **(data.parameters or {})}
-
-    @post(
-        _paths("/generate"),
-        status_code=200,
-        before_request=read_json,
-        responses=V2_ERRORS,
-        summary="Triton's generate extension: text_input -> text_output (gpt, translator)",
-    )
-    async def generate(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: GenerateRequest,
-        model_name: str,
-        model_version: str | None = None,
-    ) -> GenerateResponse:
-        """gpt: the completion of ``text_input`` (parameters as for infer: max_tokens, temperature, top_k,
-        top_p, repetition_penalty, seed, stop); translator: its translation (beam_size, max_new_tokens,
-        length_penalty)."""
-        pipeline = self._generate_pipeline(services.inference, model_name, model_version)
-        parameters = self._parameters(data)
-        use_cache = _flag(parameters, "cache", True)
-        cache = cache_control(request, use_cache)
-        request_id = request_id_of(request) or ""
-        if pipeline.task == "text-generation":
-            params = sampling_params(
-                pipeline.name, [data.text_input], parameters, services.limits, services.settings, "text_input"
-            )
-            generated = await unless_disconnected(
-                request,
-                services.inference.generate(
-                    [data.text_input], params, pipeline.name, "text_input", ["text_input"], request_id, cache
-                ),
-            )
-            outcome: Outcome[Any] = generated
-            text, finish = generated.results[0].text, generated.results[0].finish_reason
-        else:
-            decoding = decoding_params(
-                pipeline.name, [data.text_input], parameters, services.limits, "text_input"
-            )
-            translated = await unless_disconnected(
-                request,
-                services.inference.translate([data.text_input], decoding, pipeline.name, "text_input", cache),
-            )
-            outcome = translated
-            best = translated.results[0].sequences[0]
-            text, finish = best.text, best.finish_reason
-        return GenerateResponse(
-            id=data.id,
-            model_name=outcome.model,
-            model_version=outcome.model_version,
-            text_output=text,
-            finish_reason=finish,
-        )
-
-    @post(
-        _paths("/generate_stream"),
-        status_code=200,
-        before_request=read_json,
-        responses=V2_ERRORS,
-        media_type="text/event-stream",
-        summary="Triton's generate extension, streamed: one `data: {text_output}` chunk per token",
-    )
-    async def generate_stream(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: GenerateRequest,
-        model_name: str,
-        model_version: str | None = None,
-    ) -> ServerSentEvent:
-        """Server-Sent Events, ``data: {...}`` only (as Triton sends them): gpt sends one chunk per token
-        (``text_output`` is the text that token adds), then a last chunk with ``text_output: ""`` and
-        ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
-        first chunk arrives as ``data: {"error": "..."}``; errors before it are ordinary HTTP errors."""
-        pipeline = self._generate_pipeline(services.inference, model_name, model_version)
-        parameters = self._parameters(data)
-        use_cache = _flag(parameters, "cache", True)
-        request_id = request_id_of(request) or ""
-        base: dict[str, Any] = {"model_name": pipeline.name, "model_version": pipeline.model.version}
-        if data.id is not None:
-            base = {"id": data.id, **base}
-        if pipeline.task == "translation":
-            decoding = decoding_params(
-                pipeline.name, [data.text_input], parameters, services.limits, "text_input"
-            )
-            translated = await unless_disconnected(
-                request,
-                services.inference.translate(
-                    [data.text_input],
-                    decoding,
-                    pipeline.name,
-                    "text_input",
-                    cache_control(request, use_cache),
-                ),
-            )
-            best = translated.results[0].sequences[0]
-            chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
-            return ServerSentEvent(_single(chunk))
-        params = sampling_params(
-            pipeline.name, [data.text_input], parameters, services.limits, services.settings, "text_input"
-        )
-        _, opened = await services.inference.open_stream(
-            data.text_input, params, pipeline.name, "text_input", request_id
-        )
-        return ServerSentEvent(_token_chunks(opened.stream, base, request))
-
-
-async def _single(chunk: dict[str, Any]) -> AsyncIterator[ServerSentEventMessage]:
-    yield ServerSentEventMessage(data=msgspec.json.encode(chunk).decode())
-
-
-async def _token_chunks(
-    stream: Any, base: dict[str, Any], request: Request[Any, Any, Any]
-) -> AsyncIterator[ServerSentEventMessage]:
-    finished = False
-    try:
-        async for event in stream:
-            yield ServerSentEventMessage(
-                data=msgspec.json.encode({**base, "text_output": event.text}).decode()
-            )
-        result = await stream.result()
-        finished = True
-        last = {**base, "text_output": "", "finish_reason": result.finish_reason}
-        yield ServerSentEventMessage(data=msgspec.json.encode(last).decode())
-    except Exception as exc:  # headers are sent: the failure can only be reported in-band
-        finished = True
-        yield ServerSentEventMessage(data=msgspec.json.encode(v2_stream_error(exc, request)).decode())
-    finally:
-        if not finished:  # the client went away: stop decoding this sequence
-            stream.cancel()
+        result = await unless_disconnected(request, infer(services.inference, call))
+        return _infer_response(result.outcome, body.id, result.outputs)

@@ -6,10 +6,11 @@ a tokenizer step expose them: text in as ``BYTES``, results out as labels
 tensor cannot hold the item (entity lists). The first axis is the batch:
 inputs are ``[-1]`` (``[-1, 1]`` is accepted too), one element per item.
 
-Nothing runs here but the facade's own methods, so the batchers, response
-cache, limits and metrics are those of the REST routes; the parameters are
-validated by the REST schemas themselves (``GenerateRequest``,
-``TranslateRequest``, ...), so a range has one definition.
+Nothing runs here but the inference core's own methods, so the batchers,
+response cache, limits, parameter ranges and metrics are those of every other
+door; this module only maps tensors and parameters to the core's types and the
+core's parameter names back to the protocol's (``text[2]``,
+``parameters.temperature``).
 """
 
 from __future__ import annotations
@@ -19,29 +20,15 @@ import binascii
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
 
-from service.api.rest.schemas.classify import ClassifyRequest
-from service.api.rest.schemas.embed import EmbedRequest
-from service.api.rest.schemas.extract import ExtractRequest
-from service.api.rest.schemas.generate import GenerateRequest
-from service.api.rest.schemas.translate import TranslateRequest
+from service.api.http.fields import FieldNames
 from service.api.v2.tensors import Output, Tensor
-from service.cache.response_cache import CacheControl
-from service.engine.manifest import required
-from service.engine.sampling import SamplingParams
 from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
-from service.inference import InferenceService
-from service.inference.limits import RequestLimits
-from service.pipelines.base import ModelPipeline
-from service.pipelines.results import Outcome
-from service.pipelines.translate import DecodingParams
-from service.settings import Settings
-
-M = TypeVar("M", bound=BaseModel)
+from service.inference import CacheControl, InferenceService, Outcome, ServedModel
+from service.inference.params import decoding_params, sampling_params
 
 # Request parameters every model takes: the binary extension's, the response cache's, and Triton's
 # scheduling hints that a dynamic batcher without priorities accepts and ignores.
@@ -74,15 +61,13 @@ class TensorSpec:
 class Call:
     """What one infer request needs besides its tensors."""
 
-    inference: InferenceService
-    limits: RequestLimits
-    settings: Settings
+    core: InferenceService
     cache: CacheControl
     request_id: str
 
 
 Runner = Callable[
-    [ModelPipeline, Mapping[str, Tensor], Mapping[str, Any], Call],
+    [ServedModel, Mapping[str, Tensor], Mapping[str, Any], Call],
     Awaitable[tuple[Outcome[Any], list[Output]]],
 ]
 
@@ -98,10 +83,10 @@ def _item(name: str, datatype: str, description: str) -> TensorSpec:
     return TensorSpec(name, datatype, (-1,), description)
 
 
-def signature(pipeline: ModelPipeline) -> Signature:
-    """The tensors and parameters of ``pipeline``'s task (``docs/OPEN_INFERENCE_PROTOCOL.md``)."""
-    task = pipeline.task
-    labels = pipeline.model.manifest.labels or []
+def signature(model: ServedModel) -> Signature:
+    """The tensors and parameters of ``model``'s task (``docs/OPEN_INFERENCE_PROTOCOL.md``)."""
+    task = model.task
+    labels = model.labels
     probabilities = TensorSpec(
         "probabilities", "FP32", (-1, len(labels)), "every label's probability, in the order of `labels`"
     )
@@ -166,7 +151,8 @@ def signature(pipeline: ModelPipeline) -> Signature:
             {name: desc for name, (_, desc) in TRANSLATION_PARAMETERS.items()},
         )
     if task == "feature-extraction":
-        dimensions = required(pipeline.model.manifest.embedding).dimensions
+        assert model.manifest.embedding is not None, "a feature-extraction model has an embedding section"
+        dimensions = model.manifest.embedding.dimensions
         return Signature(
             (_item("text", "BYTES", "UTF-8 text"),),
             (
@@ -176,12 +162,12 @@ def signature(pipeline: ModelPipeline) -> Signature:
             ),
             {name: desc for name, (_, desc) in EMBEDDING_PARAMETERS.items()},
         )
-    raise NotOnV2Error(pipeline.name, task)  # a new task says its tensors here, and its runner in RUNNERS
+    raise NotOnV2Error(model.name, task)  # a new task says its tensors here, and its runner in RUNNERS
 
 
-# --- parameters through the REST schemas ----------------------------------------------------------
+# --- parameters: v2 names -> the core's -----------------------------------------------------------
 
-# v2 parameter -> (REST schema field, description); aliases name the same field.
+# v2 parameter -> (the core's parameter, description); aliases name the same parameter.
 GENERATION_PARAMETERS: dict[str, tuple[str, str]] = {
     "max_tokens": ("max_new_tokens", "int: tokens to generate (default 64, at most MAX_NEW_TOKENS)"),
     "max_new_tokens": ("max_new_tokens", "int: the same as max_tokens"),
@@ -204,6 +190,13 @@ EMBEDDING_PARAMETERS: dict[str, tuple[str, str]] = {
 }
 
 
+def flag(parameters: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = parameters.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"parameters.{name} must be a boolean", f"parameters.{name}", "bool_type")
+    return value
+
+
 def check_parameters(model: str, parameters: Mapping[str, Any], own: Mapping[str, str]) -> None:
     """A misspelt parameter must not silently fall back to its default (as on the REST routes)."""
     for name in parameters:
@@ -216,41 +209,25 @@ def check_parameters(model: str, parameters: Mapping[str, Any], own: Mapping[str
             )
 
 
-def validated(schema: type[M], payload: dict[str, Any], rename: Mapping[str, str]) -> M:
-    """``payload`` through a REST schema; its first error names the v2 input or parameter at fault."""
-    try:
-        return schema.model_validate(payload)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = list(err.get("loc", ()))
-        if len(loc) >= 3 and loc[0] == "items":  # QA pairs: items[i].question -> question[i]
-            loc = [loc[2], loc[1], *loc[3:]]
-        where = ""
-        if loc:
-            where = rename.get(str(loc[0]), str(loc[0]))
-            where += "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
-        where = where or str((err.get("ctx") or {}).get("field") or "")
-        where = rename.get(where, where)
-        message = str(err.get("msg", "invalid"))
-        raise InvalidInputError(
-            f"{where}: {message}" if where else message, where or None, str(err["type"])
-        ) from exc
-
-
-def _rest_fields(
-    parameters: Mapping[str, Any], table: Mapping[str, tuple[str, str]]
+def core_parameters(
+    model: str, parameters: Mapping[str, Any], table: Mapping[str, tuple[str, str]]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """v2 parameters -> (REST schema fields, REST field -> the v2 parameter's name for errors)."""
-    fields: dict[str, Any] = {}
-    rename: dict[str, str] = {}
+    """v2 parameters -> (the core's parameters, the core's name -> the v2 parameter's, for errors)."""
+    check_parameters(model, parameters, {k: v[1] for k, v in table.items()})
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for name, value in parameters.items():
         if name in table:
             target = table[name][0]
             if name == "stop" and isinstance(value, str):
                 value = _stop_strings(value)
-            fields[target] = value
-            rename[target] = f"parameters.{name}"
-    return fields, rename
+            values[target] = value
+            names[target] = f"parameters.{name}"
+    names.setdefault(
+        "max_new_tokens",
+        "parameters.max_tokens" if table is GENERATION_PARAMETERS else "parameters.max_new_tokens",
+    )
+    return values, names
 
 
 def _stop_strings(value: str) -> Any:
@@ -262,43 +239,14 @@ def _stop_strings(value: str) -> Any:
     return [value]
 
 
-def sampling_params(
-    model: str,
-    prompts: Sequence[str],
-    parameters: Mapping[str, Any],
-    limits: RequestLimits,
-    settings: Settings,
-    input_name: str,
-) -> SamplingParams:
-    """Generation parameters, checked as ``POST /v1/generate`` checks them."""
-    check_parameters(model, parameters, {k: v[1] for k, v in GENERATION_PARAMETERS.items()})
-    fields, rename = _rest_fields(parameters, GENERATION_PARAMETERS)
-    body = validated(GenerateRequest, {"prompts": list(prompts), **fields}, {"prompts": input_name, **rename})
-    limits.items(input_name, len(prompts))
-    limits.texts([(f"{input_name}[{i}]", p) for i, p in enumerate(prompts)])
-    limits.new_tokens(rename.get("max_new_tokens", "parameters.max_tokens"), body.max_new_tokens)
-    params = body.sampling_params(settings.max_new_tokens)
-    limits.generation_budget(
-        rename.get("max_new_tokens", "parameters.max_tokens"), len(prompts), params.max_new_tokens
-    )
-    return params
-
-
-def decoding_params(
-    model: str, texts: Sequence[str], parameters: Mapping[str, Any], limits: RequestLimits, input_name: str
-) -> DecodingParams:
-    """Translation parameters, checked as ``POST /v1/translate`` checks them."""
-    check_parameters(model, parameters, {k: v[1] for k, v in TRANSLATION_PARAMETERS.items()})
-    fields, rename = _rest_fields(parameters, TRANSLATION_PARAMETERS)
-    body = validated(TranslateRequest, {"texts": list(texts), **fields}, {"texts": input_name, **rename})
-    budget_field = rename.get("max_new_tokens", "parameters.max_new_tokens")
-    limits.items(input_name, len(texts))
-    limits.texts([(f"{input_name}[{i}]", t) for i, t in enumerate(texts)])
-    limits.new_tokens(budget_field, body.max_new_tokens)
-    limits.generation_budget(budget_field, len(texts), body.max_new_tokens, body.beam_size)
-    return DecodingParams(
-        beam_size=body.beam_size, max_new_tokens=body.max_new_tokens, length_penalty=body.length_penalty
-    )
+def field_names(
+    inputs: str, names: Mapping[str, str] | None = None, contexts: str | None = None
+) -> FieldNames:
+    """The core's names as this protocol's: items are ``<input tensor>[i]``, parameters ``parameters.x``."""
+    indexed = {"inputs": f"{inputs}[{{i}}]"}
+    if contexts is not None:
+        indexed["contexts"] = f"{contexts}[{{i}}]"
+    return FieldNames(indexed, {"inputs": inputs, **(names or {})})
 
 
 # --- tensors -> Python values ---------------------------------------------------------------------
@@ -391,36 +339,25 @@ def _probabilities(results: Sequence[Any], labels: Sequence[str]) -> np.ndarray:
 
 
 async def _classify_texts(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
-    check_parameters(pipeline.name, parameters, {})
+    check_parameters(model.name, parameters, {})
     texts = texts_of(inputs["text"])
-    validated(ClassifyRequest, {"texts": texts}, {"texts": "text"})
-    call.limits.items("text", len(texts))
-    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
-    labels = pipeline.model.manifest.labels or []
-    outcome = await call.inference.classify_texts(texts, len(labels), pipeline.name, "text", call.cache)
-    return outcome, _classification_outputs(outcome, labels)
+    with field_names("text"):
+        outcome = await call.core.classify_texts(texts, None, model.name, call.cache)
+    return outcome, _classification_outputs(outcome, model.labels)
 
 
 async def _classify_images(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
-    check_parameters(pipeline.name, parameters, {})
+    check_parameters(model.name, parameters, {})
     tensor = inputs["image"]
-    call.limits.items("image", len(tensor))
-    fields = [f"image[{i}]" for i in range(len(tensor))]
-    images = [
-        image_of(f, bytes(raw), call.limits.max_image_bytes)
-        for f, raw in zip(fields, tensor.values, strict=True)
-    ]
-    for f, image in zip(fields, images, strict=True):
-        call.limits.image(f, image)
-    labels = pipeline.model.manifest.labels or []
-    outcome = await call.inference.classify_images(
-        images, len(labels), pipeline.name, "image", fields, call.cache
-    )
-    return outcome, _classification_outputs(outcome, labels)
+    max_bytes = call.core.limits.max_image_bytes
+    images = [image_of(f"image[{i}]", bytes(raw), max_bytes) for i, raw in enumerate(tensor.values)]
+    with field_names("image"):
+        outcome = await call.core.classify_images(images, None, model.name, call.cache)
+    return outcome, _classification_outputs(outcome, model.labels)
 
 
 def _classification_outputs(outcome: Outcome[Any], labels: Sequence[str]) -> list[Output]:
@@ -433,18 +370,12 @@ def _classification_outputs(outcome: Outcome[Any], labels: Sequence[str]) -> lis
 
 
 async def _answer(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
-    check_parameters(pipeline.name, parameters, {})
+    check_parameters(model.name, parameters, {})
     questions, contexts = texts_of(inputs["question"]), texts_of(inputs["context"])
-    items = [{"question": q, "context": c} for q, c in zip(questions, contexts, strict=True)]
-    validated(ExtractRequest, {"task": "qa", "items": items}, {})
-    call.limits.items("question", len(items))
-    call.limits.texts([(f"question[{i}]", q) for i, q in enumerate(questions)])
-    call.limits.contexts([(f"context[{i}]", c) for i, c in enumerate(contexts)])
-    outcome = await call.inference.answer(
-        list(zip(questions, contexts, strict=True)), pipeline.name, "question", call.cache
-    )
+    with field_names("question", contexts="context"):
+        outcome = await call.core.answer(list(zip(questions, contexts, strict=True)), model.name, call.cache)
     n = len(outcome.results)
     return outcome, [
         Output("answer", "BYTES", (n,), _bytes([a.answer for a in outcome.results])),
@@ -455,27 +386,24 @@ async def _answer(
 
 
 async def _entities(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
-    check_parameters(pipeline.name, parameters, {})
+    check_parameters(model.name, parameters, {})
     texts = texts_of(inputs["text"])
-    validated(ExtractRequest, {"task": "entities", "texts": texts}, {"texts": "text"})
-    call.limits.items("text", len(texts))
-    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
-    outcome = await call.inference.entities(texts, pipeline.name, "text", call.cache)
+    with field_names("text"):
+        outcome = await call.core.entities(texts, model.name, call.cache)
     rows = [json.dumps([asdict(e) for e in r.entities], ensure_ascii=False) for r in outcome.results]
     return outcome, [Output("entities", "BYTES", (len(rows),), _bytes(rows))]
 
 
 async def _generate(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
     prompts = texts_of(inputs["prompt"])
-    params = sampling_params(pipeline.name, prompts, parameters, call.limits, call.settings, "prompt")
-    fields = [f"prompt[{i}]" for i in range(len(prompts))]
-    outcome = await call.inference.generate(
-        prompts, params, pipeline.name, "prompt", fields, call.request_id, call.cache
-    )
+    values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+    with field_names("prompt", names):
+        params = sampling_params(**values)
+        outcome = await call.core.generate(prompts, params, model.name, call.cache, call.request_id)
     n = len(outcome.results)
     return outcome, [
         Output("text", "BYTES", (n,), _bytes([g.text for g in outcome.results])),
@@ -484,11 +412,13 @@ async def _generate(
 
 
 async def _translate(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
     texts = texts_of(inputs["text"])
-    params = decoding_params(pipeline.name, texts, parameters, call.limits, "text")
-    outcome = await call.inference.translate(texts, params, pipeline.name, "text", call.cache)
+    values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
+    with field_names("text", names):
+        params = decoding_params(**values)
+        outcome = await call.core.translate(texts, params, model.name, call.cache)
     best = [t.sequences[0] for t in outcome.results]
     n = len(best)
     return outcome, [
@@ -499,15 +429,15 @@ async def _translate(
 
 
 async def _embed(
-    pipeline: ModelPipeline, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
+    model: ServedModel, inputs: Mapping[str, Tensor], parameters: Mapping[str, Any], call: Call
 ) -> tuple[Outcome[Any], list[Output]]:
-    check_parameters(pipeline.name, parameters, {k: v[1] for k, v in EMBEDDING_PARAMETERS.items()})
     texts = texts_of(inputs["text"])
-    fields, rename = _rest_fields(parameters, EMBEDDING_PARAMETERS)
-    body = validated(EmbedRequest, {"texts": texts, **fields}, {"texts": "text", **rename})
-    call.limits.items("text", len(texts))
-    call.limits.texts([(f"text[{i}]", t) for i, t in enumerate(texts)])
-    outcome = await call.inference.embed(texts, body.normalize, pipeline.name, "text", call.cache)
+    values, names = core_parameters(model.name, parameters, EMBEDDING_PARAMETERS)
+    normalize = values.get("normalize", True)
+    if not isinstance(normalize, bool):
+        raise InvalidInputError("must be a boolean", "parameters.normalize", "bool_type")
+    with field_names("text", names):
+        outcome = await call.core.embed(texts, normalize, model.name, call.cache)
     vectors = np.array([e.vector for e in outcome.results], dtype=np.float32)
     return outcome, [Output("embedding", "FP32", vectors.shape, vectors)]
 

@@ -7,8 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.pipelines.attention import AttentionQuery
-from service.pipelines.results import AttentionMap
+from service.inference import AttentionMap, AttentionQuery
 
 _BATCH_FIELDS = ("texts", "images", "items")  # a request's batch inputs: return_attention takes one input
 
@@ -55,11 +54,11 @@ class AttentionFields(BaseModel):
             )
         return self
 
-    def attention_query(self, max_tokens: int) -> AttentionQuery | None:
-        """What the pipeline needs, or None without return_attention."""
+    def attention_query(self) -> AttentionQuery | None:
+        """What the core needs, or None without return_attention."""
         if not self.return_attention:
             return None
-        return AttentionQuery(self.attention_layer, self.attention_head, max_tokens)
+        return AttentionQuery(self.attention_layer, self.attention_head)
 
 
 class AttentionOut(BaseModel):

@@ -8,6 +8,7 @@ from typing import Annotated
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, Field, model_validator
 
+from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
 from service.api.rest.schemas.common import (
     InferenceResponse,
@@ -17,7 +18,7 @@ from service.api.rest.schemas.common import (
     exactly_one_of,
     json_body,
 )
-from service.pipelines.results import Classification
+from service.inference import Classification
 
 MAX_TOP_K = 100
 Base64Image = str  # the byte limit is MAX_IMAGE_BYTES after decoding; the body limit bounds the text
@@ -47,19 +48,22 @@ class ClassifyRequest(Request, AttentionFields):
         return self
 
     @property
-    def input_field(self) -> str:
-        return next(f for f in ("text", "texts", "image", "images") if getattr(self, f) is not None)
+    def is_image(self) -> bool:
+        return self.image is not None or self.images is not None
 
     @property
-    def is_image(self) -> bool:
-        return self.input_field in ("image", "images")
-
-    def fields_and_values(self) -> list[tuple[str, str]]:
+    def inputs(self) -> list[str]:
+        """The texts, or the base64 images."""
         single = self.text if self.text is not None else self.image
         if single is not None:
-            return [(self.input_field, single)]
-        batch = self.texts if self.texts is not None else self.images
-        return [(f"{self.input_field}[{i}]", v) for i, v in enumerate(batch or [])]
+            return [single]
+        return list(self.texts if self.texts is not None else self.images or [])
+
+    def field_names(self) -> FieldNames:
+        single = self.text is not None or self.image is not None
+        if self.is_image:
+            return one_or_many("image", "images", single)
+        return one_or_many("text", "texts", single)
 
 
 ClassifyBody = Annotated[

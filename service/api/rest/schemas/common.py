@@ -10,7 +10,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.json_schema import JsonSchemaMode
 from pydantic_core import PydanticCustomError
 
-from service.pipelines.results import Usage
+from service.api.http.fields import FieldNames, one_or_many
+from service.inference import Usage
 
 
 def _not_blank(value: str) -> str:
@@ -19,7 +20,7 @@ def _not_blank(value: str) -> str:
     return value
 
 
-# Length limits are configurable (MAX_TEXT_CHARS, ...) and checked after parsing; see service/api/limits.py.
+# Length limits are configurable (MAX_TEXT_CHARS, ...) and checked by the inference core (service/inference/limits.py).
 # The documented schema says "not blank" as a pattern (some non-whitespace character); the check itself stays
 # `_not_blank`, so that its error keeps its own type (`blank_text`).
 Text = Annotated[
@@ -70,13 +71,12 @@ class TextInput(Request):
         return self
 
     @property
-    def input_field(self) -> str:
-        return "text" if self.text is not None else "texts"
+    def inputs(self) -> list[str]:
+        return [self.text] if self.text is not None else list(self.texts or [])
 
-    def fields_and_texts(self) -> list[tuple[str, str]]:
-        if self.text is not None:
-            return [("text", self.text)]
-        return [(f"texts[{i}]", t) for i, t in enumerate(self.texts or [])]
+    def field_names(self) -> FieldNames:
+        """The core's parameter names as this request's fields, for its errors."""
+        return one_or_many("text", "texts", self.text is not None)
 
 
 class UsageOut(BaseModel):

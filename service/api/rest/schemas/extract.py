@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
 from service.api.rest.schemas.common import (
     InferenceResponse,
@@ -16,7 +17,7 @@ from service.api.rest.schemas.common import (
     exactly_one,
     json_body,
 )
-from service.pipelines.results import Answer, Entities
+from service.inference import Answer, Entities
 
 
 class QAPair(BaseModel):
@@ -71,22 +72,27 @@ class ExtractRequest(Request, AttentionFields):
         return self
 
     @property
-    def input_field(self) -> str:
-        if self.task == "entities":
-            return "text" if self.text is not None else "texts"
-        return "items" if self.items is not None else "context"
+    def inputs(self) -> list[str]:
+        """entities: the texts."""
+        return [self.text] if self.text is not None else list(self.texts or [])
 
-    def pairs(self) -> list[tuple[str, tuple[str, str]]]:
-        """(field prefix, (question, context)) per pair."""
+    def pairs(self) -> list[tuple[str, str]]:
+        """qa: (question, context) per pair."""
         if self.items is not None:
-            return [(f"items[{i}].", (p.question, p.context)) for i, p in enumerate(self.items)]
+            return [(p.question, p.context) for p in self.items]
         assert self.question is not None and self.context is not None
-        return [("", (self.question, self.context))]
+        return [(self.question, self.context)]
 
-    def fields_and_texts(self) -> list[tuple[str, str]]:
-        if self.text is not None:
-            return [("text", self.text)]
-        return [(f"texts[{i}]", t) for i, t in enumerate(self.texts or [])]
+    def field_names(self) -> FieldNames:
+        if self.task == "entities":
+            return one_or_many("text", "texts", self.text is not None)
+        if self.items is not None:
+            return FieldNames(
+                {"inputs": "items[{i}].question", "contexts": "items[{i}].context"}, {"inputs": "items"}
+            )
+        return FieldNames(
+            {"inputs": "question", "contexts": "context"}, {"inputs": "context", "contexts": "context"}
+        )
 
 
 _INPUTS = ("question", "context", "items", "text", "texts")

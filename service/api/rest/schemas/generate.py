@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.api.http.error_body import ErrorBody
+from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.common import (
     InferenceResponse,
     Request,
@@ -17,10 +18,9 @@ from service.api.rest.schemas.common import (
     json_body,
     json_schema_of,
 )
-from service.engine.sampling import SamplingParams
-from service.pipelines.results import Generation
+from service.inference import DEFAULT_MAX_NEW_TOKENS, Generation, SamplingParams
 
-DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULTS = SamplingParams()  # the engine's defaults, written once there
 StopString = Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -32,13 +32,15 @@ class GenerateRequest(Request):
     max_new_tokens: int | None = Field(
         None,
         ge=1,
-        description="At most MAX_NEW_TOKENS; default 64 (capped by MAX_NEW_TOKENS). Generation also "
+        description=f"At most MAX_NEW_TOKENS; default {DEFAULT_MAX_NEW_TOKENS} (capped by MAX_NEW_TOKENS). Generation also "
         "ends at the model's context length (finish_reason length)",
     )
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_k: int = Field(default=0, ge=0, le=1000, description="0 = off")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1 = off")
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0, description="1 = off (CTRL rule)")
+    temperature: float = Field(default=DEFAULTS.temperature, ge=0.0, le=2.0, description="0 = greedy")
+    top_k: int = Field(default=DEFAULTS.top_k, ge=0, le=1000, description="0 = off")
+    top_p: float = Field(default=DEFAULTS.top_p, gt=0.0, le=1.0, description="1 = off")
+    repetition_penalty: float = Field(
+        default=DEFAULTS.repetition_penalty, gt=0.0, le=10.0, description="1 = off (CTRL rule)"
+    )
     stop: list[StopString] = Field(
         default_factory=list, max_length=8, description="Generation ends before the first stop string"
     )
@@ -57,19 +59,16 @@ class GenerateRequest(Request):
         return self
 
     @property
-    def input_field(self) -> str:
-        return "prompt" if self.prompt is not None else "prompts"
+    def prompts_given(self) -> list[str]:
+        return [self.prompt] if self.prompt is not None else list(self.prompts or [])
 
-    def fields_and_prompts(self) -> list[tuple[str, str]]:
-        if self.prompt is not None:
-            return [("prompt", self.prompt)]
-        return [(f"prompts[{i}]", p) for i, p in enumerate(self.prompts or [])]
+    def field_names(self) -> FieldNames:
+        return one_or_many("prompt", "prompts", self.prompt is not None)
 
-    def sampling_params(self, max_new_tokens_cap: int) -> SamplingParams:
-        """The engine's parameters for every prompt of this request (the default length within the cap)."""
-        default = min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_cap)
+    def sampling_params(self) -> SamplingParams:
+        """The engine's parameters for every prompt of this request (no length: the core's default)."""
         return SamplingParams(
-            max_new_tokens=self.max_new_tokens if self.max_new_tokens is not None else default,
+            max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,

@@ -9,7 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
 from service.api.rest.schemas.common import InferenceResponse, TextInput, exactly_one_of, json_body
-from service.pipelines.results import Translation
+from service.inference import Translation
 
 
 class TranslateRequest(TextInput, AttentionFields):

@@ -1,0 +1,39 @@
+"""The gRPC door's server: ``grpc.aio`` in the service's own event loop, on ``GRPC_PORT``.
+
+Started by the app's lifespan once the core is ready, stopped before the engines: requests in
+flight get the shutdown timeout to finish (``grace``), new ones meet the core's drain (UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc as rpc
+
+from service.api.grpc.servicer import InferenceServicer
+from service.inference import InferenceService
+from service.lifecycle import Lifecycle
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class GrpcServer:
+    def __init__(self, core: InferenceService, lifecycle: Lifecycle, settings: Settings) -> None:
+        assert settings.grpc_port is not None, "GRPC_PORT is set"
+        limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
+        self.server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
+        )
+        rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core, lifecycle), self.server)
+        self.address = f"{settings.host}:{settings.grpc_port}"
+        self.port = self.server.add_insecure_port(self.address)
+        self.grace_s = settings.shutdown_timeout_s
+
+    async def start(self) -> None:
+        await self.server.start()
+        log.info("gRPC (Open Inference Protocol v2) on %s", self.address.rsplit(":", 1)[0] + f":{self.port}")
+
+    async def stop(self) -> None:
+        await self.server.stop(self.grace_s)

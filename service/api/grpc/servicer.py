@@ -1,0 +1,112 @@
+"""KServe's ``GRPCInferenceService`` on the inference core: health, metadata and ``ModelInfer``.
+
+A thin adapter: each RPC decodes its message, calls what the HTTP v2 door calls
+(``v2.infer.infer``, ``v2.tasks.signature``, the core's readiness and models) and
+encodes the answer; limits, defaults, lookups and the task runners are theirs. The
+generated service classes come from ``tritonclient.grpc`` (Triton's
+``grpc_service.proto``, a superset of KServe's ``grpc_predict_v2.proto`` in the same
+``inference`` package): the RPCs it adds beyond KServe's answer ``UNIMPLEMENTED``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as rpc
+
+from service.api.grpc.errors import status_of
+from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
+from service.api.v2.infer import InferCall, infer
+from service.api.v2.routes import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
+from service.api.v2.tasks import signature
+from service.context import RequestContext, bind, unbind
+from service.inference import InferenceService
+from service.lifecycle import Lifecycle
+
+T = TypeVar("T")
+
+
+class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    def __init__(self, core: InferenceService, lifecycle: Lifecycle) -> None:
+        self.core = core
+        self.lifecycle = lifecycle
+
+    async def _answer(
+        self, context: grpc.aio.ServicerContext, request_id: str, work: Callable[[], Awaitable[T]]
+    ) -> T:
+        """``work()``, counted in flight (a drain waits for it), its errors as gRPC statuses."""
+        self.lifecycle.request_started()
+        token = bind(RequestContext(request_id=request_id))
+        try:
+            return await work()
+        except Exception as exc:
+            code, message = status_of(exc)
+            await context.abort(code, message)
+            raise  # abort raises; this line is never reached
+        finally:
+            unbind(token)
+            self.lifecycle.request_finished()
+
+    # --- health and metadata ----------------------------------------------------------------------
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.core.ready)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        async def ready() -> pb.ModelReadyResponse:
+            model = self.core.model(request.name, version=request.version or None)
+            signature(model)  # a model without v2 tensors is not there for a v2 client
+            return pb.ModelReadyResponse(ready=self.core.phase == "ready")
+
+        return await self._answer(context, "", ready)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        async def metadata() -> pb.ModelMetadataResponse:
+            meta = model_metadata(self.core.model(request.name, version=request.version or None))
+            out = pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=PLATFORM)
+            for tensors, specs in ((out.inputs, meta.inputs), (out.outputs, meta.outputs)):
+                for spec in specs:
+                    tensors.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+            return out
+
+        return await self._answer(context, "", metadata)
+
+    # --- inference --------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """Outputs always as ``raw_output_contents``; the REST envelope's ``cached`` and token counts go in
+        the response's ``parameters``, as on HTTP."""
+
+        async def run() -> pb.ModelInferResponse:
+            call = InferCall(
+                request.model_name,
+                request.model_version or None,
+                read_inputs(request),
+                parameters_of(request.parameters),
+                [(out.name, parameters_of(out.parameters)) for out in request.outputs],
+                request_id=request.id,
+            )
+            result = await infer(self.core, call)
+            outcome = result.outcome
+            response = pb.ModelInferResponse(
+                model_name=outcome.model, model_version=outcome.model_version, id=request.id
+            )
+            set_parameter(response.parameters, "cached", outcome.cached)
+            set_parameter(response.parameters, "input_tokens", outcome.usage.input_tokens)
+            set_parameter(response.parameters, "output_tokens", outcome.usage.output_tokens)
+            for output, _ in result.outputs:
+                add_output(response, output)
+            return response
+
+        return await self._answer(context, request.id, run)

@@ -1,0 +1,184 @@
+"""Triton's generate extension on the v2 routes: ``text_input`` -> ``text_output`` for gpt and the translator.
+
+``POST /v2/models/{name}/generate`` answers once; ``generate_stream`` answers
+with Server-Sent Events, ``data: {...}`` only (as Triton sends them). The
+parameters are the infer route's (``tasks.GENERATION_PARAMETERS``,
+``tasks.TRANSLATION_PARAMETERS``), checked by the inference core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, post
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from service.api.http.deps import Services
+from service.api.http.disconnect import unless_disconnected
+from service.api.http.guards import read_json
+from service.api.http.request_id import request_id_of
+from service.api.rest.envelope import cache_control
+from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
+from service.api.v2.schemas import GenerateRequest, GenerateResponse
+from service.api.v2.tasks import (
+    GENERATION_PARAMETERS,
+    TRANSLATION_PARAMETERS,
+    core_parameters,
+    field_names,
+    flag,
+)
+from service.errors import InvalidInputError
+from service.inference import GenerationStreams, InferenceService, ServedModel
+from service.inference.params import decoding_params, sampling_params
+
+_GENERATE_TASKS = ("text-generation", "translation")
+
+
+def _paths(suffix: str) -> list[str]:
+    return [
+        f"/models/{{model_name:str}}{suffix}",
+        f"/models/{{model_name:str}}/versions/{{model_version:str}}{suffix}",
+    ]
+
+
+def _model(core: InferenceService, name: str, version: str | None) -> ServedModel:
+    model = core.model(name, version=version)
+    if model.task not in _GENERATE_TASKS:
+        raise InvalidInputError(
+            f"model {name!r} serves {model.task}; generate takes a text-generation or translation model",
+            "model_name",
+            "task_mismatch",
+        )
+    return model
+
+
+def _parameters(data: GenerateRequest) -> dict[str, Any]:
+    """``parameters`` and every other top-level field (Triton passes those as parameters too)."""
+    return {**(data.model_extra or {}), **(data.parameters or {})}
+
+
+class GenerateExtensionController(Controller):
+    path = "/v2"
+    tags = ("open inference protocol v2",)
+    exception_handlers = V2_EXCEPTION_HANDLERS
+
+    @post(
+        _paths("/generate"),
+        status_code=200,
+        before_request=read_json,
+        responses=V2_ERRORS,
+        summary="Triton's generate extension: text_input -> text_output (gpt, translator)",
+    )
+    async def generate(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        data: GenerateRequest,
+        model_name: str,
+        model_version: str | None = None,
+    ) -> GenerateResponse:
+        """gpt: the completion of ``text_input`` (parameters as for infer: max_tokens, temperature, top_k,
+        top_p, repetition_penalty, seed, stop); translator: its translation (beam_size, max_new_tokens,
+        length_penalty)."""
+        core = services.inference
+        model = _model(core, model_name, model_version)
+        parameters = _parameters(data)
+        cache = cache_control(request, flag(parameters, "cache", True))
+        if model.task == "text-generation":
+            values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+            with field_names("text_input", names):
+                work = core.generate(
+                    [data.text_input],
+                    sampling_params(**values),
+                    model.name,
+                    cache,
+                    request_id_of(request) or "",
+                )
+                generated = await unless_disconnected(request, work)
+            outcome: Any = generated
+            text, finish = generated.results[0].text, generated.results[0].finish_reason
+        else:
+            values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
+            with field_names("text_input", names):
+                translating = core.translate([data.text_input], decoding_params(**values), model.name, cache)
+                outcome = await unless_disconnected(request, translating)
+            best = outcome.results[0].sequences[0]
+            text, finish = best.text, best.finish_reason
+        return GenerateResponse(
+            id=data.id,
+            model_name=outcome.model,
+            model_version=outcome.model_version,
+            text_output=text,
+            finish_reason=finish,
+        )
+
+    @post(
+        _paths("/generate_stream"),
+        status_code=200,
+        before_request=read_json,
+        responses=V2_ERRORS,
+        media_type="text/event-stream",
+        summary="Triton's generate extension, streamed: one `data: {text_output}` chunk per token",
+    )
+    async def generate_stream(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        data: GenerateRequest,
+        model_name: str,
+        model_version: str | None = None,
+    ) -> ServerSentEvent:
+        """Server-Sent Events, ``data: {...}`` only (as Triton sends them): gpt sends one chunk per token
+        (``text_output`` is the text that token adds), then a last chunk with ``text_output: ""`` and
+        ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
+        first chunk arrives as ``data: {"error": "..."}``; errors before it are ordinary HTTP errors."""
+        core = services.inference
+        model = _model(core, model_name, model_version)
+        parameters = _parameters(data)
+        base: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+        if data.id is not None:
+            base = {"id": data.id, **base}
+        if model.task == "translation":
+            values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
+            cache = cache_control(request, flag(parameters, "cache", True))
+            with field_names("text_input", names):
+                work = core.translate([data.text_input], decoding_params(**values), model.name, cache)
+                translated = await unless_disconnected(request, work)
+            best = translated.results[0].sequences[0]
+            chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
+            return ServerSentEvent(_single(chunk))
+        flag(parameters, "cache", True)  # checked, though a stream is never cached
+        values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+        with field_names("text_input", names):
+            streams = await core.open_streams(
+                [data.text_input], sampling_params(**values), model.name, request_id_of(request) or ""
+            )
+        return ServerSentEvent(_token_chunks(streams, base, request))
+
+
+async def _single(chunk: dict[str, Any]) -> AsyncIterator[ServerSentEventMessage]:
+    yield ServerSentEventMessage(data=msgspec.json.encode(chunk).decode())
+
+
+async def _token_chunks(
+    streams: GenerationStreams, base: dict[str, Any], request: Request[Any, Any, Any]
+) -> AsyncIterator[ServerSentEventMessage]:
+    (stream,) = streams.streams
+    finished = False
+    try:
+        async for event in stream:
+            yield ServerSentEventMessage(
+                data=msgspec.json.encode({**base, "text_output": event.text}).decode()
+            )
+        result = await stream.result()
+        finished = True
+        last = {**base, "text_output": "", "finish_reason": result.finish_reason}
+        yield ServerSentEventMessage(data=msgspec.json.encode(last).decode())
+    except Exception as exc:  # headers are sent: the failure can only be reported in-band
+        finished = True
+        yield ServerSentEventMessage(data=msgspec.json.encode(v2_stream_error(exc, request)).decode())
+    finally:
+        if not finished:  # the client went away: stop decoding this sequence
+            stream.cancel()
