@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Overload and soak: offer a multiple of the measured capacity and check that the service sheds load.
 
-The contract (README, "Serving behaviour" and errors) under overload:
+The contract (docs/SERVING.md, and the errors in docs/API.md) under overload:
 
 - every answer is 200, or 429 / 503 with a ``Retry-After`` of at least one second:
   no other 5xx, no dropped connection, no request left hanging;
