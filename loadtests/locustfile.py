@@ -54,72 +54,29 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadtest_data import MAX_PROMPT_CHARS, Inputs, fit_prompt, load_inputs, png_base64, png_bytes
+from loadtest_data import png_base64, png_bytes
+from loadtest_mix import (
+    ALL_INPUTS,
+    BATCH,
+    HEADERS,
+    INPUTS,
+    MAX_NEW_TOKENS,
+    MIX,
+    POOL_SIZE,
+    WAIT_MAX,
+    WAIT_MIN,
+    generation_prompts,
+    pick,
+    picks,
+    seed_for,
+)
 
 log = logging.getLogger("loadtest")
 
-MIX = os.environ.get("LOAD_MIX", "cold").strip().lower()
-if MIX not in ("warm", "cold"):
-    raise ValueError(f"LOAD_MIX must be warm or cold, not {MIX!r}")
-POOL_SIZE = int(os.environ.get("LOAD_POOL_SIZE", "16"))
-BATCH = max(1, min(32, int(os.environ.get("LOAD_BATCH", "1"))))
-MAX_NEW_TOKENS = max(1, min(256, int(os.environ.get("LOAD_MAX_NEW_TOKENS", "32"))))
-_wait = [float(x) for x in os.environ.get("LOAD_WAIT", "0.05,0.25").split(",")]
-WAIT_MIN, WAIT_MAX = _wait[0], _wait[-1]
-
-ALL_INPUTS: Inputs = load_inputs()
-INPUTS: Inputs = ALL_INPUTS.pool(POOL_SIZE) if MIX == "warm" else ALL_INPUTS
-HEADERS: dict[str, str] = {} if MIX == "warm" else {"Cache-Control": "no-cache"}
 STREAM_TIMEOUT = (10.0, 120.0)  # connect, read (between two events)
 
 # name -> [responses, responses with cached: true]; merged from workers in distributed runs.
 CACHE_COUNTS: dict[str, list[int]] = {}
-
-
-# Prompts must leave room for the completion in the generation model's context (a longer prompt is a
-# 422). The context length comes from GET /v1/models. A byte-level BPE never makes more tokens than
-# bytes, and the prompts are ASCII, so one character per token is a bound, not a guess (a small
-# vocabulary, like the tiny test model's, gets close to it).
-CHARS_PER_TOKEN = 1.0
-_fitted_prompts: list[str] | None = None
-
-
-def generation_context(host: str) -> int:
-    """max_sequence_length of the default text-generation model (64, the smallest built, if unknown)."""
-    try:
-        models = requests.get(f"{host.rstrip('/')}/v1/models", timeout=10).json()["data"]
-        for model in models:
-            if "text-generation" in (model.get("default_for") or []):
-                return int(model["limits"]["max_sequence_length"])
-    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-        log.warning("could not read the generation model's context from /v1/models (%s): assuming 64", exc)
-    return 64
-
-
-def generation_prompts(host: str) -> list[str]:
-    """The prompts, cut to fit the served generation model with MAX_NEW_TOKENS to spare (computed once)."""
-    global _fitted_prompts
-    if _fitted_prompts is None:
-        context = generation_context(host)
-        budget = max(context - MAX_NEW_TOKENS, context // 4) - 2
-        max_chars = int(max(16, min(MAX_PROMPT_CHARS, budget * CHARS_PER_TOKEN)))
-        _fitted_prompts = [fit_prompt(p, max_chars) for p in INPUTS.prompts]
-        log.info("generation context %d tokens: prompts cut to at most %d characters", context, max_chars)
-    return _fitted_prompts
-
-
-def _pick(items: list[Any]) -> tuple[int, Any]:
-    i = random.randrange(len(items))
-    return i, items[i]
-
-
-def _picks(items: list[Any], n: int = BATCH) -> list[Any]:
-    return [items[random.randrange(len(items))] for _ in range(n)]
-
-
-def _seed(index: int) -> int:
-    """Warm: one fixed seed per pooled prompt (the same request each time); cold: a fresh one."""
-    return index if MIX == "warm" else random.randrange(2**31)
 
 
 class ServiceUser(HttpUser):
@@ -170,7 +127,7 @@ class TranslateUser(ServiceUser):
 
     @task
     def translate(self) -> None:
-        texts = _picks(INPUTS.translate)
+        texts = picks(INPUTS.translate)
         body: dict[str, Any] = {"text": texts[0]} if BATCH == 1 else {"texts": texts}
         self.post_json("/v1/translate", "/v1/translate", body, len(texts))
 
@@ -181,7 +138,7 @@ class ClassifyTextUser(ServiceUser):
 
     @task
     def classify_text(self) -> None:
-        texts = _picks(INPUTS.sentiment)
+        texts = picks(INPUTS.sentiment)
         body: dict[str, Any] = {"text": texts[0]} if BATCH == 1 else {"texts": texts}
         body["top_k"] = 2
         self.post_json("/v1/classify", "/v1/classify [text]", body, len(texts))
@@ -223,7 +180,7 @@ def _generate_body(prompt_index: int, prompt: str) -> dict[str, Any]:
         "max_new_tokens": MAX_NEW_TOKENS,
         "temperature": 0.8,
         "top_p": 0.95,
-        "seed": _seed(prompt_index),
+        "seed": seed_for(prompt_index),
     }
 
 
@@ -234,11 +191,11 @@ class GenerateUser(ServiceUser):
     @task
     def generate(self) -> None:
         if BATCH == 1:
-            body = _generate_body(*_pick(generation_prompts(self.host)))
+            body = _generate_body(*pick(generation_prompts(self.host)))
         else:
             body = _generate_body(0, "")
             del body["prompt"]
-            body["prompts"] = _picks(generation_prompts(self.host))
+            body["prompts"] = picks(generation_prompts(self.host))
         self.post_json("/v1/generate", "/v1/generate", body, len(body.get("prompts", [None])))
 
 
@@ -294,7 +251,7 @@ class GenerateStreamUser(ServiceUser):
 
     @task
     def generate_stream(self) -> None:
-        body = _generate_body(*_pick(generation_prompts(self.host))) | {"stream": True}
+        body = _generate_body(*pick(generation_prompts(self.host))) | {"stream": True}
         name = "/v1/generate [stream]"
         start = time.perf_counter()
         first = last = None
@@ -343,7 +300,7 @@ class ExtractQAUser(ServiceUser):
 
     @task
     def extract_qa(self) -> None:
-        pairs = _picks(INPUTS.qa)
+        pairs = picks(INPUTS.qa)
         if BATCH == 1:
             body: dict[str, Any] = {"task": "qa", "question": pairs[0][0], "context": pairs[0][1]}
         else:
@@ -357,7 +314,7 @@ class ExtractEntitiesUser(ServiceUser):
 
     @task
     def extract_entities(self) -> None:
-        texts = _picks(INPUTS.entities)
+        texts = picks(INPUTS.entities)
         body: dict[str, Any] = {"task": "entities"}
         body |= {"text": texts[0]} if BATCH == 1 else {"texts": texts}
         self.post_json("/v1/extract", "/v1/extract [entities]", body, len(texts))

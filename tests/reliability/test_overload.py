@@ -1,7 +1,7 @@
 """Overload against a real process: at 10x its measured capacity the service sheds load, it does not queue.
 
 ``python -m service`` runs as its own process on the tiny models with a small queue, and
-``loadtests/overload.py`` (the soak command, README "Reliability") does the measuring with a
+``loadtests/overload.py`` (the soak command, docs/RELIABILITY.md) does the measuring with a
 short duration: capacity first (closed loop, at a concurrency that cannot fill a queue), then
 an open loop offering 10x that rate to /v1/translate (beam search, dynamic batcher) and
 /v1/generate (continuous batching) in two phases, sampling the server's VmRSS and its
