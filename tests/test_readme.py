@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from servers import LiveServer
 
+from harness.ports import free_port
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +113,17 @@ def test_readme_commands_are_makefile_targets() -> None:
 
 @pytest.fixture(scope="module")
 def server(tiny_models: Path) -> Iterator[LiveServer]:
-    with LiveServer(Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False)) as live:
+    grpc_port = free_port()
+    with LiveServer(Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, GRPC_PORT=grpc_port)) as live:
+        live.grpc_address = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
         yield live
 
 
 def door_snippets() -> list[tuple[str, str]]:
-    """(language, code) of the README's requests to a local server, one per door."""
+    """(language, code) of the README's requests to a local server (HTTP on 8000, gRPC on 8001), one per door."""
     calling = section(README.read_text(), "## Calling the service")
     snippets = [(lang, code) for lang in ("bash", "python") for code in code_blocks(calling, lang)]
-    return [(lang, code) for lang, code in snippets if "localhost:8000" in code]
+    return [(lang, code) for lang, code in snippets if "localhost:8000" in code or "localhost:8001" in code]
 
 
 def test_readme_has_one_request_per_door() -> None:
@@ -128,12 +131,14 @@ def test_readme_has_one_request_per_door() -> None:
     assert [lang for lang, _ in snippets].count("bash") >= 1  # REST with curl
     assert any("from openai import OpenAI" in code for _, code in snippets)
     assert any("tritonclient.http" in code for _, code in snippets)
+    assert any("tritonclient.grpc" in code for _, code in snippets)
 
 
 @pytest.mark.parametrize("index", range(len(door_snippets())))
 def test_readme_request_works(server: LiveServer, index: int) -> None:
     language, code = door_snippets()[index]
     code = code.replace("localhost:8000", server.url.removeprefix("http://"))
+    code = code.replace("localhost:8001", server.grpc_address)  # type: ignore[attr-defined]
     if language == "bash":
         if shutil.which("curl") is None:
             pytest.skip("curl is not installed")
