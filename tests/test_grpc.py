@@ -7,8 +7,6 @@ tensors: the same core, batchers and cache answer both. No mocks.
 
 from __future__ import annotations
 
-import io
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from PIL import Image
 from servers import LiveServer
+from test_open_inference import png
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 from tritonclient.utils import InferenceServerException
@@ -51,15 +49,6 @@ def http_client(api: LiveServer) -> Iterator[thttp.InferenceServerClient]:
     client = thttp.InferenceServerClient(api.url.removeprefix("http://"), network_timeout=120)
     yield client
     client.close()
-
-
-def png(seed: int) -> bytes:
-    rng = random.Random(seed)
-    image = Image.new("L", (28, 28))
-    image.putdata([rng.randrange(256) for _ in range(28 * 28)])
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
 
 
 # Each model's input tensors (BYTES, one element per item) and request parameters.

@@ -10,7 +10,7 @@ each door renames them to its own fields.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from service.errors import InvalidInputError
 from service.settings import Settings
@@ -34,17 +34,8 @@ class RequestLimits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
-        return cls(
-            max_text_chars=settings.max_text_chars,
-            max_context_chars=settings.max_context_chars,
-            max_items=settings.max_items,
-            max_new_tokens=settings.max_new_tokens,
-            max_total_new_tokens=settings.max_total_new_tokens,
-            max_image_bytes=settings.max_image_bytes,
-            max_image_pixels=settings.max_image_pixels,
-            max_body_bytes=settings.max_body_bytes,
-            attention_max_tokens=settings.attention_max_tokens,
-        )
+        """Each limit from the setting of the same name (MAX_ITEMS -> ``max_items``)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
     def items(self, count: int) -> None:
         if count > self.max_items:

@@ -13,10 +13,12 @@ inside a JSON string (``UnicodeDecodeError``), nesting deeper than the decoder's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from litestar import Request
+from litestar import Request, post
 from litestar.exceptions import SerializationException
+from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.http.errors import MalformedBodyError, UnsupportedMediaTypeError
 
@@ -69,3 +71,15 @@ async def require_multipart(request: Request[Any, Any, Any]) -> None:
         ) from exc
     except LookupError as exc:  # a part names a charset Python does not know
         raise MalformedBodyError(f"Invalid multipart/form-data: {exc}") from exc
+
+
+def json_post(summary: str, *path: str, responses: Mapping[int, ResponseSpec], **kwargs: Any) -> Any:
+    """A POST route with a JSON body (checked by ``require_json``) that answers 200: every inference route."""
+    return post(
+        *path,
+        status_code=200,
+        before_request=require_json,
+        responses=dict(responses),
+        summary=summary,
+        **kwargs,
+    )

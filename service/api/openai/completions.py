@@ -17,13 +17,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS, openai_stream_error
@@ -197,13 +197,11 @@ class CompletionsController(Controller):
     tags = ("openai",)
     exception_handlers = OPENAI_EXCEPTION_HANDLERS
 
-    @post(
+    @json_post(
+        "OpenAI-compatible text completion (continuous batching)",
         "/completions",
-        status_code=200,
-        before_request=require_json,
         responses={**OPENAI_ERRORS, 200: _OK},
         operation_class=also_answers({"text/event-stream": chunk_schema()}),
-        summary="OpenAI-compatible text completion (continuous batching)",
     )
     async def completions(
         self,
@@ -263,12 +261,10 @@ class CompletionsController(Controller):
         body = _chunks(data, request, streams, texts)
         return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    @post(
+    @json_post(
+        "OpenAI chat completion: refused, the model has no chat template",
         "/chat/completions",
-        status_code=200,
-        before_request=require_json,
         responses=OPENAI_ERRORS,
-        summary="OpenAI chat completion: refused, the model has no chat template",
     )
     async def chat_completions(self, data: dict[str, Any], services: Services) -> Response[Any]:
         """The GPT served here is a base model without a chat template, so there is no honest way to

@@ -11,14 +11,14 @@ import base64
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from litestar import Controller, Request, post
+from litestar import Controller, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
 from service.api.rest.envelope import cache_control
 from service.api.rest.schemas.common import ModelName, Text, json_body
@@ -104,12 +104,7 @@ class EmbeddingsController(Controller):
     tags = ("openai",)
     exception_handlers = OPENAI_EXCEPTION_HANDLERS
 
-    @post(
-        status_code=200,
-        before_request=require_json,
-        responses=OPENAI_ERRORS,
-        summary="OpenAI-compatible embeddings",
-    )
+    @json_post("OpenAI-compatible embeddings", responses=OPENAI_ERRORS)
     async def embeddings(
         self,
         services: Services,

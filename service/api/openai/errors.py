@@ -26,7 +26,7 @@ from litestar.types import ExceptionHandlersMap
 
 from service.api.http.error_body import describe_status
 from service.api.http.errors import reshaped_handlers, stream_error
-from service.api.openai.error_schema import OpenAIErrorBody, OpenAIErrorDetail
+from service.api.openai.schemas import OpenAIErrorBody, OpenAIErrorDetail
 
 # The paths whose errors are OpenAI-shaped, also when a middleware answers (auth, overload).
 OPENAI_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings")

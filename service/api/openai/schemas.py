@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.error_body import ERROR_KINDS
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.common import ModelName, Text, json_body, json_schema_of
 from service.inference import SamplingParams
@@ -202,3 +203,22 @@ def chunk_schema() -> dict[str, Any]:
         "contentMediaType": "application/json",
         "contentSchema": json_schema_of(CompletionResponse, mode="serialization"),
     }
+
+
+# --- errors: {"error": {message, type, param, code}} ---------------------------------------------------
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(
+        description="OpenAI's class of error: invalid_request_error | authentication_error | "
+        "rate_limit_error | server_error"
+    )
+    param: str | None = Field(default=None, description="The (first) request field at fault")
+    code: str | None = Field(
+        default=None, description="This service's error kind: " + " | ".join(ERROR_KINDS)
+    )
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIErrorDetail

@@ -19,7 +19,7 @@ from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.fields import FieldNames
-from service.api.http.guards import require_json, require_multipart
+from service.api.http.guards import json_post, require_multipart
 from service.api.rest.envelope import cache_control, envelope
 from service.api.rest.schemas.classify import (
     MAX_TOP_K,
@@ -51,12 +51,7 @@ class ClassifyController(Controller):
     path = "/v1/classify"
     tags = ("classification",)
 
-    @post(
-        status_code=200,
-        before_request=require_json,
-        responses=INFERENCE_ERRORS,
-        summary="Classify texts or images",
-    )
+    @json_post("Classify texts or images", responses=INFERENCE_ERRORS)
     async def classify(
         self,
         services: Services,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, post
+from litestar import Controller, Request
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.rest.envelope import cache_control, envelope
 from service.api.rest.schemas.embed import (
     EmbedBody,
@@ -23,7 +23,7 @@ class EmbedController(Controller):
     path = "/v1/embed"
     tags = ("embeddings",)
 
-    @post(status_code=200, before_request=require_json, responses=INFERENCE_ERRORS, summary="Embed texts")
+    @json_post("Embed texts", responses=INFERENCE_ERRORS)
     async def embed(
         self,
         services: Services,

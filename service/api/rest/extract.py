@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, post
+from litestar import Controller, Request
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.rest.envelope import cache_control, envelope
 from service.api.rest.schemas.extract import AnswerOut, EntitiesOut, ExtractBody, ExtractResponse
 
@@ -18,12 +18,7 @@ class ExtractController(Controller):
     path = "/v1/extract"
     tags = ("extraction",)
 
-    @post(
-        status_code=200,
-        before_request=require_json,
-        responses=INFERENCE_ERRORS,
-        summary="Answer questions or tag entities",
-    )
+    @json_post("Answer questions or tag entities", responses=INFERENCE_ERRORS)
     async def extract(
         self,
         services: Services,

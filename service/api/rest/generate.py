@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.rest.envelope import cache_control, envelope
@@ -30,12 +30,10 @@ class GenerateController(Controller):
     path = "/v1/generate"
     tags = ("generation",)
 
-    @post(
-        status_code=200,
-        before_request=require_json,
+    @json_post(
+        "Generate text (continuous batching)",
         responses={**INFERENCE_ERRORS, 200: _OK},
         operation_class=also_answers({"text/event-stream": SSE_EVENT_SCHEMA}),
-        summary="Generate text (continuous batching)",
     )
     async def generate(
         self,

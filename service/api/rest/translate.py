@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, post
+from litestar import Controller, Request
 
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
-from service.api.http.guards import require_json
+from service.api.http.guards import json_post
 from service.api.rest.envelope import cache_control, envelope
 from service.api.rest.schemas.translate import TranslateBody, TranslateResponse, TranslationOut
 from service.inference import DecodingParams
@@ -19,12 +19,7 @@ class TranslateController(Controller):
     path = "/v1/translate"
     tags = ("translation",)
 
-    @post(
-        status_code=200,
-        before_request=require_json,
-        responses=INFERENCE_ERRORS,
-        summary="Translate English to German",
-    )
+    @json_post("Translate English to German", responses=INFERENCE_ERRORS)
     async def translate(
         self,
         services: Services,

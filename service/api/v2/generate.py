@@ -30,7 +30,14 @@ from service.api.v2.tasks import (
     flag,
 )
 from service.errors import InvalidInputError
-from service.inference import GenerationStreams, InferenceService, ServedModel
+from service.inference import (
+    GenerationStreams,
+    InferenceService,
+    Outcome,
+    ServedModel,
+    Translation,
+    TranslationSequence,
+)
 from service.inference.params import decoding_params, sampling_params
 
 _GENERATE_TASKS = ("text-generation", "translation")
@@ -52,6 +59,22 @@ def _model(core: InferenceService, name: str, version: str | None) -> ServedMode
             "task_mismatch",
         )
     return model
+
+
+async def _translation(
+    core: InferenceService,
+    model: ServedModel,
+    text: str,
+    parameters: dict[str, Any],
+    request: Request[Any, Any, Any],
+) -> tuple[Outcome[Translation], TranslationSequence]:
+    """The translation of ``text`` and its best hypothesis (the translator streams nothing token by token)."""
+    values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
+    cache = cache_control(request, flag(parameters, "cache", True))
+    with field_names("text_input", names):
+        work = core.translate([text], decoding_params(**values), model.name, cache)
+        outcome = await unless_disconnected(request, work)
+    return outcome, outcome.results[0].sequences[0]
 
 
 def _parameters(data: GenerateRequest) -> dict[str, Any]:
@@ -85,27 +108,21 @@ class GenerateExtensionController(Controller):
         core = services.inference
         model = _model(core, model_name, model_version)
         parameters = _parameters(data)
-        cache = cache_control(request, flag(parameters, "cache", True))
-        if model.task == "text-generation":
+        outcome: Outcome[Any]
+        if model.task == "translation":
+            outcome, best = await _translation(core, model, data.text_input, parameters, request)
+            text, finish = best.text, best.finish_reason
+        else:
             values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+            cache = cache_control(request, flag(parameters, "cache", True))
             with field_names("text_input", names):
+                params = sampling_params(**values)
                 work = core.generate(
-                    [data.text_input],
-                    sampling_params(**values),
-                    model.name,
-                    cache,
-                    request_id_of(request) or "",
+                    [data.text_input], params, model.name, cache, request_id_of(request) or ""
                 )
                 generated = await unless_disconnected(request, work)
-            outcome: Any = generated
+            outcome = generated
             text, finish = generated.results[0].text, generated.results[0].finish_reason
-        else:
-            values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
-            with field_names("text_input", names):
-                translating = core.translate([data.text_input], decoding_params(**values), model.name, cache)
-                outcome = await unless_disconnected(request, translating)
-            best = outcome.results[0].sequences[0]
-            text, finish = best.text, best.finish_reason
         return GenerateResponse(
             id=data.id,
             model_name=outcome.model,
@@ -141,12 +158,7 @@ class GenerateExtensionController(Controller):
         if data.id is not None:
             base = {"id": data.id, **base}
         if model.task == "translation":
-            values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
-            cache = cache_control(request, flag(parameters, "cache", True))
-            with field_names("text_input", names):
-                work = core.translate([data.text_input], decoding_params(**values), model.name, cache)
-                translated = await unless_disconnected(request, work)
-            best = translated.results[0].sequences[0]
+            _, best = await _translation(core, model, data.text_input, parameters, request)
             chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
             return ServerSentEvent(_single(chunk))
         flag(parameters, "cache", True)  # checked, though a stream is never cached

@@ -87,27 +87,18 @@ def signature(model: ServedModel) -> Signature:
     """The tensors and parameters of ``model``'s task (``docs/OPEN_INFERENCE_PROTOCOL.md``)."""
     task = model.task
     labels = model.labels
-    probabilities = TensorSpec(
-        "probabilities", "FP32", (-1, len(labels)), "every label's probability, in the order of `labels`"
+    classification = (
+        _item("label", "BYTES", "the most probable label"),
+        _item("score", "FP32", "its probability"),
+        TensorSpec(
+            "probabilities", "FP32", (-1, len(labels)), "every label's probability, in the order of `labels`"
+        ),
     )
     if task == "text-classification":
-        return Signature(
-            (_item("text", "BYTES", "UTF-8 text"),),
-            (
-                _item("label", "BYTES", "the most probable label"),
-                _item("score", "FP32", "its probability"),
-                probabilities,
-            ),
-        )
+        return Signature((_item("text", "BYTES", "UTF-8 text"),), classification)
     if task == "image-classification":
-        return Signature(
-            (_item("image", "BYTES", "PNG/JPEG bytes (base64 of them in JSON, where BYTES are strings)"),),
-            (
-                _item("label", "BYTES", "the most probable label"),
-                _item("score", "FP32", "its probability"),
-                probabilities,
-            ),
-        )
+        image = _item("image", "BYTES", "PNG/JPEG bytes (base64 of them in JSON, where BYTES are strings)")
+        return Signature((image,), classification)
     if task == "question-answering":
         return Signature(
             (_item("question", "BYTES", "UTF-8 question"), _item("context", "BYTES", "UTF-8 context")),

@@ -86,11 +86,7 @@ class UsageOut(BaseModel):
 
     @classmethod
     def of(cls, usage: Usage) -> UsageOut:
-        return cls(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            total_tokens=usage.total_tokens,
-        )
+        return cls.model_validate(usage, from_attributes=True)
 
 
 class InferenceResponse(BaseModel):

@@ -19,8 +19,10 @@ from service.api.rest.schemas.common import (
     json_schema_of,
 )
 from service.inference import DEFAULT_MAX_NEW_TOKENS, Generation, SamplingParams
+from service.inference.params import sampling_params
 
 DEFAULTS = SamplingParams()  # the engine's defaults, written once there
+_SAMPLING = {"max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"}
 StopString = Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -67,15 +69,7 @@ class GenerateRequest(Request):
 
     def sampling_params(self) -> SamplingParams:
         """The engine's parameters for every prompt of this request (no length: the core's default)."""
-        return SamplingParams(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            stop=tuple(self.stop),
-            seed=self.seed,
-        )
+        return sampling_params(**self.model_dump(include=_SAMPLING))
 
 
 GenerateBody = Annotated[
@@ -95,12 +89,7 @@ class GenerationOut(BaseModel):
 
     @classmethod
     def of(cls, g: Generation) -> GenerationOut:
-        return cls(
-            text=g.text,
-            finish_reason=g.finish_reason,
-            prompt_tokens=g.prompt_tokens,
-            completion_tokens=g.completion_tokens,
-        )
+        return cls.model_validate(g, from_attributes=True)
 
 
 class GenerateResponse(InferenceResponse):
