@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .bert import BertEncoder
 from .builders.bert import BERT_INPUTS, bert_feed
 from .builders.common import Trained
-from .layers import MultiHeadAttention
+from .models.bert import BertEncoder
+from .models.layers import MultiHeadAttention
+from .models.translator import EncoderDecoder
+from .models.vit import ViT
 from .onnx_export import GraphSpec, auto_dims, export_graph
-from .translator import EncoderDecoder
-from .vit import ViT
 
 FILE = "attention.onnx"
 OUTPUT = "attention.{i}"

@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .bert import BertConfig
-from .gpt import GPTConfig
+from .models.bert import BertConfig
+from .models.gpt import GPTConfig
+from .models.translator import TranslatorConfig
+from .models.vit import ViTConfig
 from .training import TrainSpec
-from .translator import TranslatorConfig
-from .vit import ViTConfig
 
 MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"]
 

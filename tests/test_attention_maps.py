@@ -107,7 +107,7 @@ def test_the_fast_path_graphs_have_no_attention_outputs(tiny_models: Path, name:
 
 
 def test_recording_is_off_by_default_and_restored() -> None:
-    from model_export.layers import MultiHeadAttention
+    from model_export.models.layers import MultiHeadAttention
 
     attention = MultiHeadAttention(8, 2).eval()
     x = torch.randn(1, 3, 8)

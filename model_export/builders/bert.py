@@ -29,7 +29,9 @@ from service.pipelines import text_inputs
 from service.pipelines.qa_spans import answer_token_span, qa_windows
 from service.pipelines.text_inputs import truncate
 
-from ..bert import (
+from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
+from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
+from ..models.bert import (
     BertEncoder,
     BertForMaskedLM,
     BertForQuestionAnswering,
@@ -37,8 +39,6 @@ from ..bert import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
-from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import BertEmbedderRecipe, BertHeadRecipe, BertQaRecipe
 from ..tokenization import train_wordpiece, wordpiece_from_vocab

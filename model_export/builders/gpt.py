@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_tinyshakespeare
-from ..gpt import GPT, GPTConfig
+from ..models.gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import GptRecipe
 from ..tokenization import train_byte_level_bpe

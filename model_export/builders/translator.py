@@ -13,11 +13,11 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_multi30k
+from ..models.translator import EncoderDecoder, TranslatorConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import TranslatorRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, infinite
-from ..translator import EncoderDecoder, TranslatorConfig
 from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]

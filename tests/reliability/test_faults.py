@@ -100,9 +100,9 @@ def test_redis_killed_and_restarted_during_load_fails_no_request(tiny_models: Pa
 def test_disconnect_mid_stream_stops_decoding(tiny_models: Path, tmp_path: Path) -> None:
     env = {"MODEL_REPOSITORY": str(tiny_models), "CACHE_ENABLED": "false", "MAX_RUNNING_SEQUENCES": "4"}
     with ServiceProcess(free_port(), env, tmp_path / "service.log") as service:
-        context = next(
-            m for m in httpx.get(f"{service.url}/v1/models").json()["data"] if m["name"] == "gpt"
-        )["limits"]["max_sequence_length"]
+        context = next(m for m in httpx.get(f"{service.url}/v1/models").json()["data"] if m["name"] == "gpt")[
+            "limits"
+        ]["max_sequence_length"]
         load = {"prompt": "O", "max_new_tokens": context - 4, "temperature": 0.8, "seed": 1}
         body = {"prompt": "ROMEO:", "max_new_tokens": context - 8, "temperature": 0, "stream": True}
         dropped = 0.0
