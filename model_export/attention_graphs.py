@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .builders.bert import BERT_INPUTS, bert_feed
-from .builders.common import Trained
 from .models.bert import BertEncoder
 from .models.layers import MultiHeadAttention
 from .models.translator import EncoderDecoder
 from .models.vit import ViT
 from .onnx_export import GraphSpec, auto_dims, export_graph
+from .recipes.common import Trained
+from .recipes.signatures import BERT_INPUTS, bert_feed
 
 FILE = "attention.onnx"
 OUTPUT = "attention.{i}"

@@ -25,7 +25,7 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from model_export.attention_graphs import attention_module, attention_spec, recording
-from model_export.builders.common import Trained
+from model_export.recipes.common import Trained
 from service.engine.manifest import Manifest, content_version
 from service.pipelines.image_inputs import decode_image, to_pixel_values
 from service.pipelines.translate import DecodingParams

@@ -12,11 +12,11 @@ import pytest
 import torch
 from parity import check_close, check_outputs_equal
 
-from model_export.builders import BUILDERS
-from model_export.builders.common import Trained
 from model_export.evaluate import METRIC_KEYS
 from model_export.onnx_export import check_parity
 from model_export.profiles import MODEL_NAMES
+from model_export.recipes import RECIPES
+from model_export.recipes.common import Trained
 from service.engine.kv_cache import CacheLayout
 from service.engine.manifest import Manifest, content_version, file_sha256, required
 from service.engine.repository import LoadedModel, load_model
@@ -78,7 +78,7 @@ def test_manifest_is_complete_and_consistent(tiny_models: Path, name: str) -> No
 def test_torch_and_onnxruntime_agree_on_every_graph(tiny_models: Path, name: str) -> None:
     """Re-check parity from the trained checkpoint on fresh random inputs of other shapes than the export's."""
     trained = Trained.load(tiny_models / ".work" / name / "trained.pt")
-    _, graphs_fn = BUILDERS[name]
+    _, graphs_fn = RECIPES[name]
     for spec in graphs_fn(trained, seed=123).values():  # a different seed: other shapes and values
         diff = check_parity(
             tiny_models / name / spec.file, spec.module, list(spec.input_axes), spec.parity_inputs, 1e-4

@@ -18,7 +18,8 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import TranslatorRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, infinite
-from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
+from .common import BuildContext, Trained, TrainingJob
+from .signatures import DECODER_TOKEN_AXES, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
