@@ -27,6 +27,7 @@ from service.pipelines.text_inputs import truncate
 
 from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
 from ..models.bert import (
+    BertEncoder,
     BertForQuestionAnswering,
     BertForSentenceEmbedding,
     BertForSequenceClassification,
@@ -105,7 +106,9 @@ def _head_job(
     set_dropout(model, ctx.recipe.dropout)
     # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
     # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
-    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    encoder = model.encoder
+    assert isinstance(encoder, BertEncoder)
+    encoder.embeddings.word_embeddings.weight.requires_grad_(False)
 
     def finish_with_curves(result: TrainResult) -> Trained:
         prepared.save_pretraining_curve(ctx.work_dir)
@@ -325,7 +328,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
     task = trained.manifest["task"]
     labels = len(trained.manifest.get("labels", []))
     dimensions = trained.manifest.get("embedding", {}).get("dimensions", 0)
-    outputs: dict[str, list[str | int]] = {
+    outputs_by_task: dict[str, dict[str, list[str | int]]] = {
         "text-classification": {"logits": ["batch", labels]},
         "question-answering": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
         "token-classification": {"logits": ["batch", "sequence", labels]},
@@ -333,5 +336,6 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
             "sentence_embedding": ["batch", dimensions],  # L2-normalised
             "mean_pooled": ["batch", dimensions],  # the same before normalisation
         },
-    }[task]
+    }
+    outputs = outputs_by_task[task]
     return {"model": bert_graph(trained.model, outputs, trained.tokenizer.get_vocab_size(), seed)}

@@ -24,7 +24,7 @@ from ..data import load_conll, load_squad, load_sst2
 from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
 from ..models.bert import BertEncoder, BertForMaskedLM
 from ..profiles import BertEmbedderRecipe, BertHeadRecipe
-from ..tokenization import train_wordpiece, wordpiece_from_vocab
+from ..tokenization import special_token_ids, train_wordpiece, wordpiece_from_vocab
 from ..training import save_curve, train
 from .common import BuildContext
 
@@ -46,9 +46,7 @@ class PreparedEncoder:
 
     @property
     def pad_id(self) -> int:
-        pad = self.tokenizer.token_to_id("[PAD]")
-        assert pad is not None, "the WordPiece vocabulary has no [PAD]"
-        return pad
+        return special_token_ids(self.tokenizer, ["[PAD]"])["[PAD]"]
 
     def save_pretraining_curve(self, work_dir: Path) -> None:
         """The masked-LM loss curve beside the head's own (none when the encoder came from a checkpoint)."""
@@ -103,7 +101,7 @@ def pretrain_mlm(ctx: BuildContext[BertRecipe]) -> PreparedEncoder:
     tokenizer = train_wordpiece(texts, recipe.model.vocab_size)
     config = dataclasses.replace(recipe.model, vocab_size=tokenizer.get_vocab_size())
     mlm = BertForMaskedLM(BertEncoder(config))
-    cls_id, sep_id, mask_id = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
+    cls_id, sep_id, mask_id = special_token_ids(tokenizer, ["[CLS]", "[SEP]", "[MASK]"]).values()
     stream = [
         t for enc in tokenizer.encode_batch(texts, add_special_tokens=False) for t in [*enc.ids, sep_id]
     ]
