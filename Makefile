@@ -23,7 +23,7 @@ test: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/mypy service
+	.venv/bin/mypy service model_export
 
 format: setup
 	.venv/bin/ruff check --fix .

@@ -40,6 +40,7 @@ from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import softmax
 from service.engine.seq2seq import Seq2SeqModel
 from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
+from service.pipelines.translate import prepare_source
 
 NAME = "variants"
 TITLE = "(h) Graph variants: raw ONNX Runtime throughput, fp32 reference vs fused vs int8"
@@ -95,20 +96,27 @@ def _translator_work(model: LoadedModel, sentences: list[str], beam: int) -> Wor
     assert model.tokenizer is not None
     manifest = model.manifest
     seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], manifest)
-    suffix = manifest.source_suffix if manifest.source_suffix is not None else [manifest.token("eos")]
-    limit = required(manifest.max_source_length)
-    sources = [truncate(e.ids, limit - len(suffix)) + suffix for e in model.tokenizer.encode_batch(sentences)]
-    groups = [sources[i : i + 8] for i in range(0, len(sources) - 7, 8)]
+    # The served sources and default step limits, 8 sentences of similar length a call, each call
+    # decoding as the service decodes a batch: one group per step limit.
+    prepared = [
+        prepare_source(manifest, e.ids, seq2seq.max_new_tokens)
+        for e in model.tokenizer.encode_batch(sentences)
+    ]
+    prepared.sort(key=lambda p: len(p[0]))
+    groups = [prepared[i : i + 8] for i in range(0, len(prepared) - 7, 8)]
     state = {"i": 0}
 
     def work() -> int:
         group = groups[state["i"] % len(groups)]
         state["i"] += 1
-        budget = Seq2SeqModel.default_max_new_tokens(group)
-        if beam == 1:
-            seq2seq.greedy(group, budget)
-        else:
-            seq2seq.beam_search(group, beam, budget)
+        by_limit: dict[int, list[list[int]]] = {}
+        for source, budget, _ in group:
+            by_limit.setdefault(budget, []).append(source)
+        for budget, sources in by_limit.items():
+            if beam == 1:
+                seq2seq.greedy(sources, budget)
+            else:
+                seq2seq.beam_search(sources, beam, budget)
         return len(group)
 
     return work

@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _contexts(args: argparse.Namespace) -> list[Any]:
-    from .builders.common import BuildContext
+    from .recipes.common import BuildContext
 
     data_dir = resolve_data_dir(args.data_dir)
     steps = _steps(args.steps)
@@ -200,10 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(args.json, results)
         return 0
 
-    from .builders import BUILDERS
-    from .builders.common import Trained, export_model
     from .estimate import deadline_share, estimate, report
+    from .export import export_model
     from .machine import cpu_model
+    from .recipes import RECIPES
+    from .recipes.common import Trained
     from .training import configure_threads, seed_everything
 
     threads = configure_threads()
@@ -213,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     if trains:
         for ctx in contexts:
             seed_everything(ctx.seed)  # the same weights whichever other models share the build
-            jobs.append(BUILDERS[ctx.name][0](ctx))
+            jobs.append(RECIPES[ctx.name].prepare(ctx))
         estimates = estimate(jobs, export_and_evaluate=args.command == "all")
         print(report(estimates, cpu_model(), threads, args.max_minutes), file=sys.stderr, flush=True)
     built = []
     for i, ctx in enumerate(contexts):
-        graphs_fn = BUILDERS[ctx.name][1]
+        graphs_fn = RECIPES[ctx.name].graphs
         t0 = time.perf_counter()
         checkpoint = ctx.work_dir / "trained.pt"
         if trains:

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .bert import BertEncoder
-from .builders.bert import BERT_INPUTS, bert_feed
-from .builders.common import Trained
-from .layers import MultiHeadAttention
+from .models.bert import BertEncoder
+from .models.layers import MultiHeadAttention
+from .models.translator import EncoderDecoder
+from .models.vit import ViT
 from .onnx_export import GraphSpec, auto_dims, export_graph
-from .translator import EncoderDecoder
-from .vit import ViT
+from .recipes.common import Trained
+from .recipes.signatures import BERT_INPUTS, bert_feed
 
 FILE = "attention.onnx"
 OUTPUT = "attention.{i}"
@@ -56,6 +56,13 @@ def recording(attentions: list[MultiHeadAttention]) -> Iterator[None]:
             attention.last_weights = None
 
 
+def attentions(layers: nn.ModuleList, name: str) -> list[MultiHeadAttention]:
+    """Every layer's ``name`` attention module (``self_attn`` / ``cross_attn``), in layer order."""
+    found = [a for layer in layers if isinstance(a := getattr(layer, name), MultiHeadAttention)]
+    assert len(found) == len(layers), f"a layer without {name}"
+    return found
+
+
 class RecordedAttention(nn.Module):
     """Runs ``forward`` of the wrapped model's attention path and returns each recorded layer's probabilities."""
 
@@ -73,7 +80,7 @@ class TranslatorCrossAttention(RecordedAttention):
     """(source ids, source mask, decoder input ids) -> every decoder layer's cross-attention (B, H, T, S)."""
 
     def __init__(self, model: EncoderDecoder) -> None:
-        super().__init__([layer.cross_attn for layer in model.decoder_layers])
+        super().__init__(attentions(model.decoder_layers, "cross_attn"))
         self.model = model
 
     def forward(self, input_ids, attention_mask, decoder_input_ids):  # type: ignore[no-untyped-def]
@@ -85,7 +92,7 @@ class BertSelfAttention(RecordedAttention):
     """(input_ids, attention_mask, token_type_ids) -> every encoder layer's self-attention (B, H, S, S)."""
 
     def __init__(self, encoder: BertEncoder) -> None:
-        super().__init__([layer.self_attn for layer in encoder.layers])
+        super().__init__(attentions(encoder.layers, "self_attn"))
         self.encoder = encoder
 
     def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
@@ -97,7 +104,7 @@ class VitSelfAttention(RecordedAttention):
     """pixel_values -> every layer's self-attention over [CLS] + patches (B, H, N + 1, N + 1)."""
 
     def __init__(self, model: ViT) -> None:
-        super().__init__([layer.self_attn for layer in model.layers])
+        super().__init__(attentions(model.layers, "self_attn"))
         self.model = model
 
     def forward(self, pixel_values):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .builders.common import TrainingJob
+from .recipes.common import TrainingJob
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 What is measured is what is served: the .onnx files from the model
 repository, loaded and checked exactly as the service loads them, with the
-service's QA windows, span search, entity grouping, image normalisation and
-KV-cached translation decoding.
+service's QA windows, span search, entity grouping, image normalisation,
+translation sources and step limits, and KV-cached translation decoding.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from service.pipelines.entity_spans import word_predictions
 from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
 from service.pipelines.text_inputs import pad_batch, truncate
+from service.pipelines.translate import prepare_source
 
 from . import scoring
 from .data import (
@@ -75,21 +76,29 @@ def evaluate_translator(
     seq2seq = Seq2SeqModel(
         model.graphs["encoder"], model.graphs["decoder"], model.manifest, model.inplace.get("decoder")
     )
-    eos = model.manifest.token("eos")
-    max_src = required(model.manifest.max_source_length)
-    sources = [truncate([*e.ids, eos], max_src) for e in tok.encode_batch([en for en, _ in pairs])]
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch together
+    # The served sources and default step limits; like the service's batches, one decoding call per limit.
+    prepared = [
+        prepare_source(model.manifest, e.ids, seq2seq.max_new_tokens)
+        for e in tok.encode_batch([en for en, _ in pairs])
+    ]
+    by_limit: dict[int, list[int]] = {}
+    for i in sorted(
+        range(len(prepared)), key=lambda i: len(prepared[i][0])
+    ):  # similar lengths batch together
+        by_limit.setdefault(prepared[i][1], []).append(i)
     hyps: dict[int, str] = {}
-    for chunk in _batches(len(order), 32 if beam_size == 1 else 16):
-        idx = [order[i] for i in chunk]
-        batch = [sources[i] for i in idx]
-        limit_new = seq2seq.default_max_new_tokens(batch)
-        if beam_size == 1:
-            out = [h.tokens for h in seq2seq.greedy(batch, limit_new)]
-        else:
-            out = [r[0].tokens for r in seq2seq.beam_search(batch, beam_size, limit_new, length_penalty=1.0)]
-        for i, ids in zip(idx, out, strict=True):
-            hyps[i] = tok.decode(ids, skip_special_tokens=True)
+    for limit_new, members in by_limit.items():
+        for chunk in _batches(len(members), 32 if beam_size == 1 else 16):
+            idx = [members[i] for i in chunk]
+            batch = [prepared[i][0] for i in idx]
+            if beam_size == 1:
+                out = [h.tokens for h in seq2seq.greedy(batch, limit_new)]
+            else:
+                out = [
+                    r[0].tokens for r in seq2seq.beam_search(batch, beam_size, limit_new, length_penalty=1.0)
+                ]
+            for i, ids in zip(idx, out, strict=True):
+                hyps[i] = tok.decode(ids, skip_special_tokens=True)
     hypotheses = [hyps[i] for i in range(len(pairs))]
     return {
         "bleu": scoring.corpus_bleu(hypotheses, [de for _, de in pairs]),

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .bert import BertConfig, BertEncoder
+from .models.bert import BertConfig, BertEncoder
 
 __all__ = [
     "DEFAULT_CHECKPOINT_DIR",

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from .bert import BertConfig
-from .gpt import GPTConfig
+from .models.bert import BertConfig
+from .models.gpt import GPTConfig
+from .models.translator import TranslatorConfig
+from .models.vit import ViTConfig
 from .training import TrainSpec
-from .translator import TranslatorConfig
-from .vit import ViTConfig
+
+R = TypeVar("R", bound="Recipe")
 
 MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"]
 
@@ -125,100 +128,7 @@ class VitRecipe(Recipe):
     label_smoothing: float
 
 
-_TINY_BERT = BertPretraining(
-    model=BertConfig(
-        vocab_size=800,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        max_position=128,
-        dropout=0.0,
-    ),
-    # The warmup outlasts these 30 steps: the tiny build has always trained so, and its weights depend on it.
-    train=TrainSpec(steps=30, lr=2e-3, warmup_steps=200),
-    batch_size=32,
-    seq_len=48,
-)
-
-TINY: dict[str, Recipe] = {
-    "translator": TranslatorRecipe(
-        model=TranslatorConfig(
-            vocab_size=600,
-            d_model=32,
-            num_heads=2,
-            d_ff=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            dropout=0.0,
-            max_len=64,
-        ),
-        train_pairs=2000,
-        batch_tokens=600,
-        label_smoothing=0.1,
-        train=TrainSpec(steps=40, lr=3e-3, warmup_steps=5, weight_decay=0.01),
-        eval_limit=32,
-        beam_size=1,
-    ),
-    "bert-classifier": BertHeadRecipe(
-        pretraining=_TINY_BERT,
-        dropout=0.0,
-        max_len=48,
-        train_examples=2000,
-        batch_size=32,
-        train=TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01),
-        eval_limit=64,
-    ),
-    "bert-qa": BertQaRecipe(
-        pretraining=_TINY_BERT,
-        dropout=0.0,
-        max_len=96,
-        stride=32,
-        max_question_len=24,
-        max_answer_len=30,
-        train_max_len=64,
-        train_stride=16,
-        negative_fraction=0.1,
-        train_examples=400,
-        batch_size=16,
-        train=TrainSpec(steps=20, lr=2e-3, warmup_steps=5, weight_decay=0.01),
-        eval_limit=24,
-    ),
-    "bert-tagger": BertHeadRecipe(
-        pretraining=_TINY_BERT,
-        dropout=0.0,
-        max_len=64,
-        train_examples=1000,
-        batch_size=32,
-        train=TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01),
-        eval_limit=64,
-    ),
-    "bert-embedder": BertEmbedderRecipe(
-        pretraining=_TINY_BERT,
-        max_len=64,
-        train=NO_TRAINING,
-        eval_limit=128,
-    ),
-    "gpt": GptRecipe(
-        model=GPTConfig(
-            vocab_size=400, d_model=32, num_layers=2, num_heads=2, d_ff=64, max_len=64, dropout=0.0
-        ),
-        seq_len=64,
-        train_chars=60_000,
-        batch_size=16,
-        train=TrainSpec(steps=40, lr=3e-3, warmup_steps=5, weight_decay=0.1),
-        eval_limit=4000,
-    ),
-    "vit": VitRecipe(
-        model=ViTConfig(patch_size=7, d_model=32, num_layers=2, num_heads=2, d_ff=64, dropout=0.0),
-        train_examples=2000,
-        batch_size=64,
-        hflip=False,
-        label_smoothing=0.0,
-        train=TrainSpec(steps=30, lr=3e-3, warmup_steps=5, weight_decay=0.05),
-        eval_limit=256,
-    ),
-}
+# The default profile, what the quickstart serves.
 
 # Used only when no checkpoint is available: BERT pretrained from scratch with masked-LM.
 _DEFAULT_BERT = BertPretraining(
@@ -236,95 +146,212 @@ _DEFAULT_BERT = BertPretraining(
     seq_len=128,
 )
 
-DEFAULT: dict[str, Recipe] = {
-    "translator": TranslatorRecipe(
-        model=TranslatorConfig(
-            vocab_size=8000,
-            d_model=256,
-            num_heads=4,
-            d_ff=1024,
-            encoder_layers=3,
-            decoder_layers=3,
-            dropout=0.0,
-            max_len=256,
-        ),
-        train_pairs=None,
-        batch_tokens=2000,
-        label_smoothing=0.1,
-        # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
-        # source within a few hundred steps; 1,000 steps reached BLEU 31.4.
-        train=TrainSpec(steps=650, lr=0.001, warmup_steps=100, weight_decay=0.01),
-        beam_size=4,
-        reference_step_s=0.903,
-        reference_other_s=67,
-    ),
-    "bert-classifier": BertHeadRecipe(
-        pretraining=_DEFAULT_BERT,
-        dropout=0.0,
-        max_len=64,
-        train_examples=None,
-        batch_size=32,
-        train=TrainSpec(steps=200, lr=0.0001, warmup_steps=30, weight_decay=0.01),
-        reference_step_s=0.26,
-        reference_other_s=14,
-    ),
-    "bert-qa": BertQaRecipe(
-        pretraining=_DEFAULT_BERT,
+_TRANSLATOR = TranslatorRecipe(
+    model=TranslatorConfig(
+        vocab_size=8000,
+        d_model=256,
+        num_heads=4,
+        d_ff=1024,
+        encoder_layers=3,
+        decoder_layers=3,
         dropout=0.0,
         max_len=256,
-        stride=128,
-        max_question_len=64,
-        max_answer_len=30,
-        train_max_len=128,
-        train_stride=64,
-        negative_fraction=0.1,
-        train_examples=None,
-        batch_size=8,
-        train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
-        reference_step_s=0.554,
-        reference_other_s=70,
     ),
-    "bert-tagger": BertHeadRecipe(
-        pretraining=_DEFAULT_BERT,
-        dropout=0.0,
-        max_len=128,
-        train_examples=None,
-        batch_size=32,
-        train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
-        reference_step_s=0.357,
-        reference_other_s=38,
+    train_pairs=None,
+    batch_tokens=2000,
+    label_smoothing=0.1,
+    # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
+    # source within a few hundred steps; 1,000 steps reached BLEU 31.4.
+    train=TrainSpec(steps=650, lr=0.001, warmup_steps=100, weight_decay=0.01),
+    beam_size=4,
+    reference_step_s=0.903,
+    reference_other_s=67,
+)
+
+_BERT_CLASSIFIER = BertHeadRecipe(
+    pretraining=_DEFAULT_BERT,
+    dropout=0.0,
+    max_len=64,
+    train_examples=None,
+    batch_size=32,
+    train=TrainSpec(steps=200, lr=0.0001, warmup_steps=30, weight_decay=0.01),
+    reference_step_s=0.26,
+    reference_other_s=14,
+)
+
+_BERT_QA = BertQaRecipe(
+    pretraining=_DEFAULT_BERT,
+    dropout=0.0,
+    max_len=256,
+    stride=128,
+    max_question_len=64,
+    max_answer_len=30,
+    train_max_len=128,
+    train_stride=64,
+    negative_fraction=0.1,
+    train_examples=None,
+    batch_size=8,
+    train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    reference_step_s=0.554,
+    reference_other_s=70,
+)
+
+_BERT_TAGGER = BertHeadRecipe(
+    pretraining=_DEFAULT_BERT,
+    dropout=0.0,
+    max_len=128,
+    train_examples=None,
+    batch_size=32,
+    train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    reference_step_s=0.357,
+    reference_other_s=38,
+)
+
+_BERT_EMBEDDER = BertEmbedderRecipe(
+    pretraining=_DEFAULT_BERT,
+    max_len=256,  # all-MiniLM-L6-v2's max_seq_length: it was trained on pieces up to 256 tokens
+    train=NO_TRAINING,
+    reference_other_s=30,
+)
+
+_GPT = GptRecipe(
+    # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
+    # stalls while the training loss keeps falling. 192 wide, not 256: at the same compute the
+    # smaller model sees more text and ends lower (2.47 vs 2.58 bits per character).
+    model=GPTConfig(
+        vocab_size=2048, d_model=192, num_layers=4, num_heads=4, d_ff=768, max_len=256, dropout=0.1
     ),
-    "bert-embedder": BertEmbedderRecipe(
-        pretraining=_DEFAULT_BERT,
-        max_len=256,  # all-MiniLM-L6-v2's max_seq_length: it was trained on pieces up to 256 tokens
-        train=NO_TRAINING,
-        reference_other_s=30,
+    seq_len=256,  # the whole served context: every learned position is trained
+    train_chars=None,
+    batch_size=8,
+    train=TrainSpec(steps=850, lr=0.002, warmup_steps=100, weight_decay=0.1),
+    reference_step_s=0.499,
+    reference_other_s=13,
+)
+
+_VIT = VitRecipe(
+    model=ViTConfig(patch_size=7, d_model=128, num_layers=4, num_heads=4, d_ff=256, dropout=0.0),
+    train_examples=None,
+    batch_size=128,
+    # A few epochs only: mirrored images and label smoothing slowed learning more than they
+    # regularised (0.873 with both, 0.883 without, at 1,500 steps).
+    hflip=False,
+    label_smoothing=0.0,
+    train=TrainSpec(steps=2200, lr=2e-3, warmup_steps=200, weight_decay=0.05),
+    reference_step_s=0.107,
+    reference_other_s=5,
+)
+
+DEFAULT: dict[str, Recipe] = {
+    "translator": _TRANSLATOR,
+    "bert-classifier": _BERT_CLASSIFIER,
+    "bert-qa": _BERT_QA,
+    "bert-tagger": _BERT_TAGGER,
+    "bert-embedder": _BERT_EMBEDDER,
+    "gpt": _GPT,
+    "vit": _VIT,
+}
+
+
+def _tiny(default: R, **changes: Any) -> R:
+    """``default`` with ``changes``, and no reference timings: those describe the default build."""
+    return dataclasses.replace(default, reference_step_s=None, reference_other_s=0.0, **changes)
+
+
+# The tiny profile: every model in seconds, for tests. It states only what differs from the default.
+_TINY_BERT = dataclasses.replace(
+    _DEFAULT_BERT,
+    model=dataclasses.replace(
+        _DEFAULT_BERT.model,
+        vocab_size=800,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=64,
+        max_position=128,
     ),
-    "gpt": GptRecipe(
-        # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
-        # stalls while the training loss keeps falling. 192 wide, not 256: at the same compute the
-        # smaller model sees more text and ends lower (2.47 vs 2.58 bits per character).
-        model=GPTConfig(
-            vocab_size=2048, d_model=192, num_layers=4, num_heads=4, d_ff=768, max_len=256, dropout=0.1
+    # The default's 200 warmup steps outlast these 30: the tiny build has always trained so, and
+    # its weights depend on it.
+    train=dataclasses.replace(_DEFAULT_BERT.train, steps=30, lr=2e-3),
+    batch_size=32,
+    seq_len=48,
+)
+_TINY_FINE_TUNING = dataclasses.replace(_BERT_CLASSIFIER.train, steps=30, lr=2e-3, warmup_steps=5)
+
+TINY: dict[str, Recipe] = {
+    "translator": _tiny(
+        _TRANSLATOR,
+        model=dataclasses.replace(
+            _TRANSLATOR.model,
+            vocab_size=600,
+            d_model=32,
+            num_heads=2,
+            d_ff=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            max_len=64,
         ),
-        seq_len=256,  # the whole served context: every learned position is trained
-        train_chars=None,
-        batch_size=8,
-        train=TrainSpec(steps=850, lr=0.002, warmup_steps=100, weight_decay=0.1),
-        reference_step_s=0.499,
-        reference_other_s=13,
+        train_pairs=2000,
+        batch_tokens=600,
+        train=dataclasses.replace(_TRANSLATOR.train, steps=40, lr=3e-3, warmup_steps=5),
+        eval_limit=32,
+        beam_size=1,
     ),
-    "vit": VitRecipe(
-        model=ViTConfig(patch_size=7, d_model=128, num_layers=4, num_heads=4, d_ff=256, dropout=0.0),
-        train_examples=None,
-        batch_size=128,
-        # A few epochs only: mirrored images and label smoothing slowed learning more than they
-        # regularised (0.873 with both, 0.883 without, at 1,500 steps).
-        hflip=False,
-        label_smoothing=0.0,
-        train=TrainSpec(steps=2200, lr=2e-3, warmup_steps=200, weight_decay=0.05),
-        reference_step_s=0.107,
-        reference_other_s=5,
+    "bert-classifier": _tiny(
+        _BERT_CLASSIFIER,
+        pretraining=_TINY_BERT,
+        max_len=48,
+        train_examples=2000,
+        train=_TINY_FINE_TUNING,
+        eval_limit=64,
+    ),
+    "bert-qa": _tiny(
+        _BERT_QA,
+        pretraining=_TINY_BERT,
+        max_len=96,
+        stride=32,
+        max_question_len=24,
+        train_max_len=64,
+        train_stride=16,
+        train_examples=400,
+        batch_size=16,
+        train=dataclasses.replace(_TINY_FINE_TUNING, steps=20),
+        eval_limit=24,
+    ),
+    "bert-tagger": _tiny(
+        _BERT_TAGGER,
+        pretraining=_TINY_BERT,
+        max_len=64,
+        train_examples=1000,
+        train=_TINY_FINE_TUNING,
+        eval_limit=64,
+    ),
+    "bert-embedder": _tiny(_BERT_EMBEDDER, pretraining=_TINY_BERT, max_len=64, eval_limit=128),
+    "gpt": _tiny(
+        _GPT,
+        model=dataclasses.replace(
+            _GPT.model,
+            vocab_size=400,
+            d_model=32,
+            num_layers=2,
+            num_heads=2,
+            d_ff=64,
+            max_len=64,
+            dropout=0.0,
+        ),
+        seq_len=64,
+        train_chars=60_000,
+        batch_size=16,
+        train=dataclasses.replace(_GPT.train, steps=40, lr=3e-3, warmup_steps=5),
+        eval_limit=4000,
+    ),
+    "vit": _tiny(
+        _VIT,
+        model=dataclasses.replace(_VIT.model, d_model=32, num_layers=2, num_heads=2, d_ff=64),
+        train_examples=2000,
+        batch_size=64,
+        train=dataclasses.replace(_VIT.train, steps=30, lr=3e-3, warmup_steps=5),
+        eval_limit=256,
     ),
 }
 

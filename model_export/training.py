@@ -95,7 +95,9 @@ def configure_threads() -> int:
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """No weight decay on biases, norms and embeddings-as-vectors (the usual AdamW practice)."""
-    decay, no_decay, seen = [], [], set()
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
     for _name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue

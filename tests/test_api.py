@@ -190,18 +190,19 @@ def test_beam_1_equals_greedy(client: httpx.Client, tiny_models: Path) -> None:
     from service.engine.repository import load_model
     from service.engine.runtime import RuntimeOptions
     from service.engine.seq2seq import Seq2SeqModel
-    from service.pipelines.text_inputs import truncate
+    from service.pipelines.translate import prepare_source
 
     model = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
     assert model.tokenizer is not None
     seq2seq = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
-    suffix = model.manifest.source_suffix or [model.manifest.token("eos")]
     for text in SENTENCES:
         served = ok(client, "/v1/translate", {"text": text, "beam_size": 1, "max_new_tokens": 24})["results"][
             0
         ]
-        source = truncate([*model.tokenizer.encode(text).ids, *suffix], model.manifest.max_source_length)
-        (best,) = seq2seq.beam_search([source], beam_size=1, max_new_tokens=24)[0]
+        source, limit, _ = prepare_source(
+            model.manifest, model.tokenizer.encode(text).ids, seq2seq.max_new_tokens, 24
+        )
+        (best,) = seq2seq.beam_search([source], beam_size=1, max_new_tokens=limit)[0]
         assert served["text"] == model.tokenizer.decode(best.tokens, skip_special_tokens=True)
         assert served["finish_reason"] == ("eos" if best.finished else "length")
 

@@ -25,7 +25,7 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from model_export.attention_graphs import attention_module, attention_spec, recording
-from model_export.builders.common import Trained
+from model_export.recipes.common import Trained
 from service.engine.manifest import Manifest, content_version
 from service.pipelines.image_inputs import decode_image, to_pixel_values
 from service.pipelines.translate import DecodingParams
@@ -107,7 +107,7 @@ def test_the_fast_path_graphs_have_no_attention_outputs(tiny_models: Path, name:
 
 
 def test_recording_is_off_by_default_and_restored() -> None:
-    from model_export.layers import MultiHeadAttention
+    from model_export.models.layers import MultiHeadAttention
 
     attention = MultiHeadAttention(8, 2).eval()
     x = torch.randn(1, 3, 8)

@@ -22,6 +22,7 @@ from service.engine.runtime import CUDA, RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
 from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.text_inputs import pad_batch
+from service.pipelines.translate import prepare_source
 from service.settings import Settings
 
 pytestmark = pytest.mark.cuda
@@ -72,7 +73,8 @@ def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel]
     assert gpu.graphs["encoder"].on_cuda and gpu.graphs["decoder"].on_cuda
     cpu = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
     assert gpu.tokenizer is not None
-    sources = [[*gpu.tokenizer.encode(t).ids, 2] for t in ("A dog runs.", "Two men play chess in a park.")]
+    texts = ("A dog runs.", "Two men play chess in a park.")
+    sources = [prepare_source(gpu.manifest, gpu.tokenizer.encode(t).ids, 10)[0] for t in texts]  # as served
     on_gpu = Seq2SeqModel(gpu.graphs["encoder"], gpu.graphs["decoder"], gpu.manifest).beam_search(
         sources, 3, 10
     )

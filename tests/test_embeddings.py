@@ -31,11 +31,12 @@ from safetensors.torch import load_file
 from servers import LiveServer, metric
 from tokenizers import Tokenizer
 
-from model_export.builders.bert import graphs, prepare_embedder
-from model_export.builders.common import BuildContext, export_model
 from model_export.evaluate import evaluate_model
+from model_export.export import export_model
 from model_export.hf_checkpoint import DEFAULT_CHECKPOINT_DIR
 from model_export.profiles import recipe_for
+from model_export.recipes.bert import graphs, prepare_embedder
+from model_export.recipes.common import BuildContext
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.pipelines.embed import SentenceEmbedder

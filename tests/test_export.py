@@ -12,17 +12,18 @@ import pytest
 import torch
 from parity import check_close, check_outputs_equal
 
-from model_export.builders import BUILDERS
-from model_export.builders.common import Trained
 from model_export.evaluate import METRIC_KEYS
 from model_export.onnx_export import check_parity
 from model_export.profiles import MODEL_NAMES
+from model_export.recipes import RECIPES
+from model_export.recipes.common import Trained
 from service.engine.kv_cache import CacheLayout
 from service.engine.manifest import Manifest, content_version, file_sha256, required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.sampling import logprobs
 from service.engine.seq2seq import Seq2SeqModel
+from service.pipelines.translate import prepare_source
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = RuntimeOptions(device="cpu")
@@ -78,7 +79,7 @@ def test_manifest_is_complete_and_consistent(tiny_models: Path, name: str) -> No
 def test_torch_and_onnxruntime_agree_on_every_graph(tiny_models: Path, name: str) -> None:
     """Re-check parity from the trained checkpoint on fresh random inputs of other shapes than the export's."""
     trained = Trained.load(tiny_models / ".work" / name / "trained.pt")
-    _, graphs_fn = BUILDERS[name]
+    _, graphs_fn = RECIPES[name]
     for spec in graphs_fn(trained, seed=123).values():  # a different seed: other shapes and values
         diff = check_parity(
             tiny_models / name / spec.file, spec.module, list(spec.input_axes), spec.parity_inputs, 1e-4
@@ -156,6 +157,12 @@ def test_gpt_zero_length_past(gpt: LoadedModel) -> None:
     assert results[1].shape[2] == ids.shape[1]  # present = empty past + the prompt
 
 
+def _source(model: LoadedModel, s2s: Seq2SeqModel, text: str) -> list[int]:
+    """The text's source ids as the served translator prepares them (the step limits are each test's own)."""
+    assert model.tokenizer is not None
+    return prepare_source(model.manifest, model.tokenizer.encode(text).ids, s2s.max_new_tokens)[0]
+
+
 def _translator_recompute(model: LoadedModel, source: list[int], steps: int) -> list[int]:
     """Greedy translation recomputing the decoder over the whole prefix (empty past) at every step."""
     s2s = Seq2SeqModel(model.graphs["encoder"], model.graphs["decoder"], model.manifest)
@@ -182,7 +189,7 @@ def _translator_recompute(model: LoadedModel, source: list[int], steps: int) -> 
 def test_translator_cached_greedy_equals_recomputation(translator: LoadedModel) -> None:
     s2s = Seq2SeqModel(translator.graphs["encoder"], translator.graphs["decoder"], translator.manifest)
     texts = ["A man is riding a bike.", "Two dogs play in the snow near a small red house.", "Hello"]
-    sources = [[*translator.tokenizer.encode(t).ids, s2s.eos_id] for t in texts]
+    sources = [_source(translator, s2s, t) for t in texts]
     batched = s2s.greedy(sources, 12)  # right-padded sources of different lengths in one batch
     recomputed = [_translator_recompute(translator, s, 12) for s in sources]
     check_outputs_equal(
@@ -203,7 +210,7 @@ def test_translator_cached_greedy_equals_recomputation(translator: LoadedModel) 
 
 def test_translator_decoder_left_padding_changes_nothing(translator: LoadedModel) -> None:
     s2s = Seq2SeqModel(translator.graphs["encoder"], translator.graphs["decoder"], translator.manifest)
-    source = [*translator.tokenizer.encode("A girl in a pink dress.").ids, s2s.eos_id]
+    source = _source(translator, s2s, "A girl in a pink dress.")
     cross, src_mask = s2s.encode([source])
     prefix = [s2s.bos_id, 40, 41, 42]
     pad = 3
@@ -227,10 +234,7 @@ def test_translator_decoder_left_padding_changes_nothing(translator: LoadedModel
 
 def test_beam_one_equals_greedy(translator: LoadedModel) -> None:
     s2s = Seq2SeqModel(translator.graphs["encoder"], translator.graphs["decoder"], translator.manifest)
-    sources = [
-        [*translator.tokenizer.encode(t).ids, s2s.eos_id]
-        for t in ("A dog runs.", "People walk down a busy street.")
-    ]
+    sources = [_source(translator, s2s, t) for t in ("A dog runs.", "People walk down a busy street.")]
     greedy = [h.tokens for h in s2s.greedy(sources, 15)]
     beam = [r[0].tokens for r in s2s.beam_search(sources, 1, 15)]
     check_outputs_equal(beam, greedy, name_a="beam 1", name_b="greedy")
@@ -238,7 +242,7 @@ def test_beam_one_equals_greedy(translator: LoadedModel) -> None:
 
 def test_beam_search_returns_sorted_distinct_hypotheses(translator: LoadedModel) -> None:
     s2s = Seq2SeqModel(translator.graphs["encoder"], translator.graphs["decoder"], translator.manifest)
-    source = [*translator.tokenizer.encode("A man sleeps on a bench.").ids, s2s.eos_id]
+    source = _source(translator, s2s, "A man sleeps on a bench.")
     hyps = s2s.beam_search([source], 4, 12, num_return=3)[0]
     assert len(hyps) == 3
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)

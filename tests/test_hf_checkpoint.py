@@ -166,7 +166,7 @@ def test_matches_independent_reference(
 
 @pytest.mark.checkpoint
 def test_pooler_loads_into_classification_head(loaded: HFBert, tensors: dict[str, torch.Tensor]) -> None:
-    from model_export.bert import BertForSequenceClassification
+    from model_export.models.bert import BertForSequenceClassification
 
     assert loaded.pooler is not None
     head = BertForSequenceClassification(loaded.encoder, num_labels=2)

@@ -31,6 +31,7 @@ from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
+from service.pipelines.translate import prepare_source
 from service.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
@@ -248,9 +249,11 @@ def translators(tiny_models: Path, data_dir: Path) -> tuple[LoadedModel, LoadedM
     inplace = load_model(tiny_models / "translator", RuntimeOptions(device="cpu"))
     concat = load_model(tiny_models / "translator", RuntimeOptions(device="cpu", kv_cache="concat"))
     assert inplace.tokenizer is not None
-    eos = inplace.manifest.token("eos")
     english = [en for en, _ in load_multi30k(data_dir, "validation")[:6]]
-    sources = [[*e.ids, eos] for e in inplace.tokenizer.encode_batch(english)]
+    cap = seq2seq(inplace).max_new_tokens  # the served sources; the step limits are each test's own
+    sources = [
+        prepare_source(inplace.manifest, e.ids, cap)[0] for e in inplace.tokenizer.encode_batch(english)
+    ]
     return inplace, concat, sources
 
 

@@ -6,16 +6,16 @@ import pytest
 import torch
 from parity import check_close
 
-from model_export.bert import BertConfig, BertEncoder
-from model_export.gpt import GPT, GPTConfig
-from model_export.layers import (
+from model_export.models.bert import BertConfig, BertEncoder
+from model_export.models.gpt import GPT, GPTConfig
+from model_export.models.layers import (
     causal_mask,
     decoder_self_mask,
     positions_from_mask,
     scaled_dot_product_attention,
 )
-from model_export.translator import EncoderDecoder, TranslatorConfig
-from model_export.vit import ViT, ViTConfig
+from model_export.models.translator import EncoderDecoder, TranslatorConfig
+from model_export.models.vit import ViT, ViTConfig
 
 torch.manual_seed(0)
 ATOL = 1e-5

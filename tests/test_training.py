@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_export.builders.common import Trained
+from model_export.recipes.common import Trained
 from model_export.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -136,17 +136,19 @@ class Seq2SeqModel:
         """The most tokens a translation can have: the target length, and one position left for </s>."""
         return max(1, min(self.max_target_length, self.max_position - 1))
 
-    @staticmethod
-    def default_max_new_tokens(sources: list[list[int]]) -> int:
-        """A translation is rarely over twice its source: stop degenerate outputs there."""
-        return 2 * max(map(len, sources)) + 10
+    def _checked(self, max_new_tokens: int) -> int:
+        """The caller's step limit, already capped (``pipelines.translate.prepare_source``)."""
+        assert max_new_tokens <= self.max_new_tokens, (
+            f"max_new_tokens {max_new_tokens}: the model's target length allows at most {self.max_new_tokens}"
+        )
+        return max_new_tokens
 
     def greedy(self, sources: list[list[int]], max_new_tokens: int) -> list[Hypothesis]:
         cross, src_mask = self.encode(sources)
         n = len(sources)
         live = np.arange(n)  # original row of each live row
         tokens = np.full(n, self.bos_id, dtype=np.int64)
-        limit = min(max_new_tokens, self.max_new_tokens)
+        limit = self._checked(max_new_tokens)
         past = self._empty(n, limit)
         generated: list[list[int]] = [[] for _ in range(n)]
         total = np.zeros(n)
@@ -192,7 +194,7 @@ class Seq2SeqModel:
         cross, src_mask = self.encode(sources)
         cross = {name: np.repeat(v, k, axis=0) for name, v in cross.items()}  # (n * k, H, S, Dh)
         src_mask = np.repeat(src_mask, k, axis=0)
-        limit = min(max_new_tokens, self.max_new_tokens)
+        limit = self._checked(max_new_tokens)
         past = self._empty(n * k, limit)
         beam_logprob = np.full((n, k), -np.inf)
         beam_logprob[:, 0] = 0.0  # one live beam per request at the start

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
-from service.engine.manifest import required
+from service.engine.manifest import Manifest, required
 from service.engine.repository import LoadedModel
 from service.engine.seq2seq import Hypothesis, Seq2SeqModel
 from service.errors import InvalidInputError
@@ -31,6 +31,24 @@ from .results import Outcome, Translation, TranslationSequence, Usage
 from .text_inputs import encode_texts, preprocess, truncate
 
 _DEFAULT_LIMIT_STEP = 16
+
+
+def prepare_source(
+    manifest: Manifest, ids: Sequence[int], cap: int, max_new_tokens: int | None = None
+) -> tuple[list[int], int, bool]:
+    """A tokenised text as the translator takes it: (source ids, step limit, whether the text was cut).
+
+    The source is the text's ids and the manifest's suffix (</s> unless it names one), cut to
+    max_source_length keeping its last token; the step limit is ``max_new_tokens`` or the default
+    described above, at most ``cap``. The service, the export's evaluation and the benchmarks all
+    prepare sources here, so what is measured is what is served.
+    """
+    suffix = manifest.source_suffix if manifest.source_suffix is not None else [manifest.token("eos")]
+    full = [*ids, *suffix]
+    source = truncate(full, required(manifest.max_source_length))
+    if max_new_tokens is None:
+        max_new_tokens = -(-(2 * len(source) + 10) // _DEFAULT_LIMIT_STEP) * _DEFAULT_LIMIT_STEP
+    return source, min(max_new_tokens, cap), len(full) > len(source)
 
 
 @dataclass(frozen=True)
@@ -80,10 +98,6 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         self.seq2seq = Seq2SeqModel(
             model.graphs["encoder"], model.graphs["decoder"], manifest, model.inplace.get("decoder")
         )
-        self.max_source_length = required(manifest.max_source_length)
-        self.suffix = (
-            manifest.source_suffix if manifest.source_suffix is not None else [manifest.token("eos")]
-        )
         self.max_new_tokens = min(max_new_tokens, self.seq2seq.max_new_tokens)
         self.bos, self.eos = manifest.token("bos"), manifest.token("eos")
 
@@ -106,24 +120,16 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
                 results[i] = h
         return results
 
-    def default_limit(self, source: list[int]) -> int:
-        heuristic = Seq2SeqModel.default_max_new_tokens([source])
-        return -(-heuristic // _DEFAULT_LIMIT_STEP) * _DEFAULT_LIMIT_STEP
-
     def prepare(self, texts: Sequence[str], params: DecodingParams) -> list[tuple[SourceItem, bool]]:
         prepared = []
         for encoding in encode_texts(self.tokenizer, texts):
-            full = [*encoding.ids, *self.suffix]
-            ids = truncate(full, self.max_source_length)
-            limit = params.max_new_tokens if params.max_new_tokens is not None else self.default_limit(ids)
-            item = SourceItem(
-                ids,
-                params.beam_size,
-                min(limit, self.max_new_tokens),
-                params.length_penalty,
-                params.num_return_sequences,
+            ids, limit, truncated = prepare_source(
+                self.model.manifest, encoding.ids, self.max_new_tokens, params.max_new_tokens
             )
-            prepared.append((item, len(full) > len(ids)))
+            item = SourceItem(
+                ids, params.beam_size, limit, params.length_penalty, params.num_return_sequences
+            )
+            prepared.append((item, truncated))
         return prepared
 
     def _sequence(self, h: Hypothesis) -> TranslationSequence:

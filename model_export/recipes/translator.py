@@ -13,12 +13,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_multi30k
+from ..models.translator import EncoderDecoder, TranslatorConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import TranslatorRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, infinite
-from ..translator import EncoderDecoder, TranslatorConfig
-from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
+from .common import BuildContext, Trained, TrainingJob
+from .signatures import DECODER_TOKEN_AXES, kv_cache_layout, past_names
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 PAD, BOS, EOS = 0, 1, 2
@@ -60,7 +61,9 @@ def token_batches(
     """One epoch of batches of similar-length pairs, each at most `batch_tokens` padded tokens per side."""
     rng = random.Random(seed)
     order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1]), rng.random()))
-    batches, current, longest = [], [], 0
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
     for i in order:
         length = max(len(pairs[i][0]), len(pairs[i][1]) + 1)
         if current and max(longest, length) * (len(current) + 1) > batch_tokens:
@@ -97,6 +100,7 @@ def prepare(ctx: BuildContext[TranslatorRecipe]) -> TrainingJob:
     model = EncoderDecoder(config)
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
+        assert isinstance(m, EncoderDecoder)
         src, tgt_in, tgt_out = batch
         real = tgt_out != PAD  # a third of a batch can be padding: skip its vocabulary projection
         states = m.decoder_states(src, (src != PAD).long(), tgt_in)  # (B, T, D)
@@ -193,7 +197,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
         *cross_names,
         *past_names(n, "past"),
     ]
-    kv_axes = ["batch", h, "source_sequence", dh]
+    kv_axes: list[str | int] = ["batch", h, "source_sequence", dh]
     return {
         "encoder": GraphSpec(
             file="encoder.onnx",

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
+from ..models.vit import ViT
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import VitRecipe
 from ..training import TrainResult, infinite
-from ..vit import ViT
 from .common import BuildContext, Trained, TrainingJob
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]  # each (B, H, S, Dh)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
 
 
 def scaled_dot_product_attention(
@@ -133,6 +134,8 @@ class MultiHeadAttention(nn.Module):
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sin/cos positions (Vaswani et al. 2017), looked up by position id."""
 
+    pe: torch.Tensor  # (L, D), a buffer: moves with the module, never trained or saved
+
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
         position = torch.arange(max_len).unsqueeze(1)  # (L, 1)
@@ -160,7 +163,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
-        self.activation: Callable[[torch.Tensor], torch.Tensor] = {"gelu": F.gelu, "relu": F.relu}[activation]
+        self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

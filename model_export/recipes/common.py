@@ -1,12 +1,9 @@
-"""What every builder shares: its context, the kv-cache layout entry, and writing the model folder."""
+"""What every recipe shares: its build context, the training job it prepares, and the trained model it hands on."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
-import platform
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,14 +14,8 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from ..manifest import write_manifest
-from ..onnx_export import OPSET, GraphSpec, export_graph
 from ..profiles import Recipe
 from ..training import TrainResult, TrainSpec, optimizer_for, train, train_step
-
-__all__ = ["GraphSpec"]
-
-log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Recipe)
 
@@ -138,86 +129,3 @@ class TrainingJob:
             for batch in sample:
                 train_step(model, optimizer, batch, self.loss_fn, self.spec, lr)
             return (time.perf_counter() - start) / len(sample)
-
-
-def fresh_dir(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
-def kv_cache_layout(num_layers: int, num_heads: int, head_dim: int) -> dict[str, Any]:
-    return {
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "head_dim": head_dim,
-        "dtype": "float32",
-        "axes": ["batch", "num_heads", "past_sequence", "head_dim"],
-        "past_key": "past_key.{i}",
-        "past_value": "past_value.{i}",
-        "present_key": "present_key.{i}",
-        "present_value": "present_value.{i}",
-    }
-
-
-# The token inputs of every KV-cached decoder graph, in call order: the new tokens, a mask over the
-# cached past and the new tokens, and the new tokens' positions.
-DECODER_TOKEN_AXES: dict[str, list[str | int]] = {
-    "input_ids": ["batch", "sequence"],
-    "attention_mask": ["batch", "total_sequence"],
-    "position_ids": ["batch", "sequence"],
-}
-
-
-def past_names(num_layers: int, prefix: str) -> list[str]:
-    return [f"{prefix}_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
-
-
-def export_model(ctx: BuildContext[Any], trained: Trained, graphs: dict[str, GraphSpec]) -> dict[str, Any]:
-    """Export the graphs, write tokenizer + manifest + curves into <name>.partial, then swap it into place.
-
-    Building beside the live folder means a failed export never leaves a
-    half-written model where the service would load it.
-    """
-    build_dir = fresh_dir(ctx.out_dir / f"{ctx.name}.partial")
-    for png in sorted(ctx.work_dir.glob("*.png")):
-        shutil.copy2(png, build_dir / png.name)
-    served = []
-    if trained.tokenizer is not None:
-        trained.tokenizer.save(str(build_dir / "tokenizer.json"))
-        served.append("tokenizer.json")
-    exported = {}
-    for role, spec in graphs.items():
-        exported[role] = export_graph(spec, build_dir)
-        served.append(spec.file)
-    from ..attention_graphs import export_attention_maps  # it builds on the builders: imported late
-
-    attention_maps = export_attention_maps(trained, build_dir, ctx.seed)  # None: a model without maps
-    if attention_maps is not None:
-        served.append(attention_maps["file"])
-    manifest = {
-        "name": ctx.name,
-        **trained.manifest,
-        "graphs": exported,
-        **({"attention_maps": attention_maps} if attention_maps is not None else {}),
-        "training": {
-            "profile": ctx.profile,
-            "seed": ctx.seed,
-            **trained.training,
-            **trained.result.summary(),
-            "curve": "training_curve.png" if (build_dir / "training_curve.png").is_file() else None,
-        },
-        "export": {
-            "exporter": "torch.onnx.export(dynamo=True)",
-            "opset": OPSET,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "parity_max_abs_diff": max(g["parity_max_abs_diff"] for g in exported.values()),
-        },
-    }
-    written = write_manifest(build_dir, manifest, served)
-    final = ctx.model_dir
-    shutil.rmtree(final, ignore_errors=True)
-    build_dir.rename(final)
-    log.info("%s: version %s written to %s", ctx.name, written["version"], final)
-    return written

@@ -81,7 +81,11 @@ class EncoderDecoder(nn.Module):
 
     def cross_kv(self, memory: torch.Tensor) -> list[KeyValue]:
         """The encoder output projected to keys/values for every decoder layer, each (B, H, S, Dh)."""
-        return [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        kv = []
+        for layer in self.decoder_layers:
+            assert isinstance(layer, DecoderLayer) and layer.cross_attn is not None
+            kv.append(layer.cross_attn.project_kv(memory))
+        return kv
 
     def decode(
         self,

@@ -1,12 +1,9 @@
-"""bert-classifier, bert-qa, bert-tagger, bert-embedder: one BERT encoder, three fine-tuned heads and a
-sentence embedder, four single-graph exports.
+"""bert-classifier, bert-qa, bert-tagger, bert-embedder: four heads on one BERT encoder, four single-graph exports.
 
-The encoder starts from a Hugging Face BERT checkpoint when one is given
-(`--init-from`, or the all-MiniLM-L6-v2 checkpoint the setup fetches), or
-else is pretrained here with masked-LM on the text at hand (SST-2, SQuAD and
-CoNLL training text), as the lecture describes. The encoder is prepared once
-per run and copied into each head. The embedder trains nothing: all-MiniLM-L6-v2
-is already a sentence encoder, and the masked-LM fallback is used as it is.
+The encoder (`bert_encoder.py`: the checkpoint, or masked-LM pretraining) is prepared once per run
+and copied into each head. The classifier, QA span head and tagger are fine-tuned; the embedder
+trains nothing: all-MiniLM-L6-v2 is already a sentence encoder, and the masked-LM fallback is used
+as it is.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -29,116 +25,24 @@ from service.pipelines import text_inputs
 from service.pipelines.qa_spans import answer_token_span, qa_windows
 from service.pipelines.text_inputs import truncate
 
-from ..bert import (
+from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
+from ..models.bert import (
     BertEncoder,
-    BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSentenceEmbedding,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from ..data import CONLL_LABELS, SST2_LABELS, load_conll, load_squad, load_sst2
-from ..hf_checkpoint import DEFAULT_CHECKPOINT_DIR, load_hf_bert
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import BertEmbedderRecipe, BertHeadRecipe, BertQaRecipe
-from ..tokenization import train_wordpiece, wordpiece_from_vocab
-from ..training import TrainResult, infinite, save_curve, train
+from ..training import TrainResult, infinite
+from .bert_encoder import IGNORE, PreparedEncoder, prepare_encoder
 from .common import BuildContext, LossFn, Trained, TrainingJob
+from .signatures import BERT_INPUTS, bert_feed
 
 log = logging.getLogger(__name__)
 
-IGNORE = -100
-BERT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
-
-
-@dataclass
-class PreparedEncoder:
-    encoder: BertEncoder
-    tokenizer: Tokenizer
-    pooler: dict[str, torch.Tensor] | None
-    origin: dict[str, Any]
-    pretraining_losses: list[float] | None = None
-
-
-_prepared: dict[tuple[str, str, str], PreparedEncoder] = {}
-
-
-def prepare_encoder(ctx: BuildContext[BertHeadRecipe]) -> PreparedEncoder:
-    """Load the checkpoint or pretrain with masked-LM, once per (profile, source, data) in this process."""
-    init_from = ctx.init_from
-    if init_from is None and ctx.profile == "default" and (DEFAULT_CHECKPOINT_DIR / "config.json").is_file():
-        init_from = DEFAULT_CHECKPOINT_DIR
-    key = (ctx.profile, str(init_from), str(ctx.data_dir))
-    if key not in _prepared:
-        if init_from is not None:
-            hf = load_hf_bert(init_from)
-            log.info("BERT encoder initialised from the checkpoint in %s", init_from)
-            _prepared[key] = PreparedEncoder(
-                hf.encoder,
-                wordpiece_from_vocab(hf.vocab_file, lowercase=hf.lowercase),
-                hf.pooler,
-                {"init_from": str(init_from), "checkpoint_config": dataclasses.asdict(hf.config)},
-            )
-        else:
-            if ctx.profile == "default":
-                log.warning(
-                    "no BERT checkpoint found (run scripts/fetch_checkpoint.py or pass --init-from): "
-                    "falling back to masked-LM pretraining from scratch, expect lower QA/NER scores"
-                )
-            _prepared[key] = pretrain_mlm(ctx)
-    return _prepared[key]
-
-
-def pretraining_texts(ctx: BuildContext[BertHeadRecipe]) -> list[str]:
-    texts = [s for s, _ in load_sst2(ctx.data_dir, "train")]
-    squad = load_squad(ctx.data_dir, "train")
-    texts += sorted({ex.context for ex in squad}) + [ex.question for ex in squad]
-    texts += [" ".join(s.tokens) for s in load_conll(ctx.data_dir, "train")]
-    random.Random(ctx.seed).shuffle(texts)
-    return texts
-
-
-def pretrain_mlm(ctx: BuildContext[BertHeadRecipe]) -> PreparedEncoder:
-    """Masked-LM pretraining: 15% of tokens chosen, of those 80% [MASK], 10% random, 10% kept."""
-    recipe = ctx.recipe.pretraining
-    texts = pretraining_texts(ctx)
-    tokenizer = train_wordpiece(texts, recipe.model.vocab_size)
-    config = dataclasses.replace(recipe.model, vocab_size=tokenizer.get_vocab_size())
-    mlm = BertForMaskedLM(BertEncoder(config))
-    cls_id, sep_id, mask_id = (tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
-    stream = [
-        t for enc in tokenizer.encode_batch(texts, add_special_tokens=False) for t in [*enc.ids, sep_id]
-    ]
-    body = recipe.seq_len - 1
-    chunks = torch.tensor(stream[: len(stream) // body * body]).view(-1, body)
-    chunks = torch.cat([torch.full((len(chunks), 1), cls_id), chunks], dim=1)  # (N, L)
-    gen = torch.Generator().manual_seed(ctx.seed)
-
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            ids = chunks[torch.randint(0, len(chunks), (recipe.batch_size,), generator=gen)].clone()
-            chosen = (torch.rand(ids.shape, generator=gen) < 0.15) & (ids != cls_id) & (ids != sep_id)
-            labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
-            roll = torch.rand(ids.shape, generator=gen)
-            ids[chosen & (roll < 0.8)] = mask_id
-            random_ids = torch.randint(5, config.vocab_size, ids.shape, generator=gen)
-            swap = chosen & (roll >= 0.8) & (roll < 0.9)
-            ids[swap] = random_ids[swap]
-            yield ids, labels
-
-    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
-        ids, labels = batch
-        logits = m(ids, torch.ones_like(ids), torch.zeros_like(ids))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=IGNORE)
-        return loss, len(ids), ids.numel()
-
-    spec = dataclasses.replace(recipe.train, device=ctx.device)
-    result = train(mlm, batches(), loss_fn, spec, "bert-mlm-pretraining")
-    origin = {
-        "init_from": None,
-        "pretraining": {"objective": "masked-LM", "texts": len(texts), **result.summary()},
-    }
-    return PreparedEncoder(mlm.encoder, tokenizer, None, origin, result.losses)
+HeadRecipe = TypeVar("HeadRecipe", bound=BertHeadRecipe)
 
 
 def set_dropout(model: nn.Module, p: float) -> None:
@@ -160,18 +64,6 @@ def length_bucketed(n: int, lengths: list[int], batch_size: int, seed: int) -> l
     batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
     rng.shuffle(batches)
     return batches
-
-
-def bert_feed(rng: np.random.Generator, vocab: int, batch: int, length: int) -> dict[str, np.ndarray]:
-    mask = np.ones((batch, length), dtype=np.int64)
-    mask[0, length - 2 :] = 0  # a padded row
-    types = np.zeros((batch, length), dtype=np.int64)
-    types[:, length // 2 :] = 1
-    return {
-        "input_ids": rng.integers(5, vocab, (batch, length)),
-        "attention_mask": mask,
-        "token_type_ids": types,
-    }
 
 
 def bert_graph(module: nn.Module, outputs: dict[str, list[str | int]], vocab: int, seed: int) -> GraphSpec:
@@ -203,7 +95,7 @@ def _head_manifest(prepared: PreparedEncoder, task: str, extra: dict[str, Any]) 
 
 
 def _head_job(
-    ctx: BuildContext[BertHeadRecipe],
+    ctx: BuildContext[HeadRecipe],
     model: nn.Module,
     epoch: Callable[[int], Iterator[Any]],
     loss_fn: LossFn,
@@ -214,15 +106,12 @@ def _head_job(
     set_dropout(model, ctx.recipe.dropout)
     # The 30k x D word-embedding matrix gets a dense gradient and an AdamW update every step:
     # a fixed cost that a sub-epoch fine-tuning run does not repay. The pretrained vectors stay.
-    model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+    encoder = model.encoder
+    assert isinstance(encoder, BertEncoder)
+    encoder.embeddings.word_embeddings.weight.requires_grad_(False)
 
     def finish_with_curves(result: TrainResult) -> Trained:
-        if prepared.pretraining_losses:
-            save_curve(
-                prepared.pretraining_losses,
-                ctx.work_dir / "pretraining_curve.png",
-                "bert masked-LM pretraining",
-            )
+        prepared.save_pretraining_curve(ctx.work_dir)
         return finish(result)
 
     def batches(seed: int) -> Iterator[Any]:
@@ -241,7 +130,7 @@ def prepare_classifier(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
     model = BertForSequenceClassification(copy.deepcopy(prepared.encoder), num_labels=len(SST2_LABELS))
     if prepared.pooler is not None:
         model.pooler.load_state_dict(prepared.pooler)
-    pad = tok.token_to_id("[PAD]")
+    pad = prepared.pad_id
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in length_bucketed(len(encoded), [len(x) for x in encoded], recipe.batch_size, e):
@@ -290,7 +179,7 @@ def prepare_qa(ctx: BuildContext[BertQaRecipe]) -> TrainingJob:
             features.append((window.input_ids, window.token_type_ids, start, end))
     log.info("bert-qa: %d questions -> %d training windows", len(examples), len(features))
     model = BertForQuestionAnswering(copy.deepcopy(prepared.encoder))
-    pad = tok.token_to_id("[PAD]")
+    pad = prepared.pad_id
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, ...]]:
         for idx in length_bucketed(len(features), [len(f[0]) for f in features], recipe.batch_size, e):
@@ -358,7 +247,7 @@ def prepare_tagger(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
     sentences = load_conll(ctx.data_dir, "train")[: recipe.train_examples]
     encoded = [encode_tagged(tok, sent.tokens, sent.tags, recipe.max_len) for sent in sentences]
     model = BertForTokenClassification(copy.deepcopy(prepared.encoder), num_labels=len(CONLL_LABELS))
-    pad = tok.token_to_id("[PAD]")
+    pad = prepared.pad_id
 
     def epoch(e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in length_bucketed(len(encoded), [len(x[0]) for x in encoded], recipe.batch_size, e):
@@ -394,18 +283,13 @@ def prepare_tagger(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
 def prepare_embedder(ctx: BuildContext[BertEmbedderRecipe]) -> TrainingJob:
     """The shared encoder with mean pooling and L2 normalisation: a job of no steps (nothing is trained)."""
     recipe = ctx.recipe
-    prepared = prepare_encoder(ctx)  # type: ignore[arg-type]  # it reads only recipe.pretraining
+    prepared = prepare_encoder(ctx)
     model = BertForSentenceEmbedding(copy.deepcopy(prepared.encoder)).eval()
     config = prepared.encoder.config
     checkpoint = prepared.origin.get("init_from") is not None
 
     def finish(result: TrainResult) -> Trained:
-        if prepared.pretraining_losses:
-            save_curve(
-                prepared.pretraining_losses,
-                ctx.work_dir / "pretraining_curve.png",
-                "bert masked-LM pretraining",
-            )
+        prepared.save_pretraining_curve(ctx.work_dir)
         origin = (
             "the checkpoint's own sentence-embedding training"
             if checkpoint
@@ -444,7 +328,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
     task = trained.manifest["task"]
     labels = len(trained.manifest.get("labels", []))
     dimensions = trained.manifest.get("embedding", {}).get("dimensions", 0)
-    outputs: dict[str, list[str | int]] = {
+    outputs_by_task: dict[str, dict[str, list[str | int]]] = {
         "text-classification": {"logits": ["batch", labels]},
         "question-answering": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
         "token-classification": {"logits": ["batch", "sequence", labels]},
@@ -452,5 +336,6 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
             "sentence_embedding": ["batch", dimensions],  # L2-normalised
             "mean_pooled": ["batch", dimensions],  # the same before normalisation
         },
-    }[task]
+    }
+    outputs = outputs_by_task[task]
     return {"model": bert_graph(trained.model, outputs, trained.tokenizer.get_vocab_size(), seed)}

@@ -12,12 +12,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..data import load_tinyshakespeare
-from ..gpt import GPT, GPTConfig
+from ..models.gpt import GPT, GPTConfig
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import GptRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult
-from .common import DECODER_TOKEN_AXES, BuildContext, Trained, TrainingJob, kv_cache_layout, past_names
+from .common import BuildContext, Trained, TrainingJob
+from .signatures import DECODER_TOKEN_AXES, kv_cache_layout, past_names
 
 EOS = "<|endoftext|>"
 
