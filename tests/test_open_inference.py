@@ -447,6 +447,8 @@ def test_full_queue_is_429_with_retry_after(tiny_models: Path) -> None:
 
 def test_a_task_without_v2_tensors_is_a_404() -> None:
     """A model of a task this door has no tensors for (a new task) is not there for v2 clients: 404, not 500."""
-    model = SimpleNamespace(name="new-model", task="some-new-task", labels=[], manifest=SimpleNamespace(labels=None))
+    model = SimpleNamespace(
+        name="new-model", task="some-new-task", labels=[], manifest=SimpleNamespace(labels=None)
+    )
     with pytest.raises(NotOnV2Error, match="some-new-task"):
         signature(model)  # type: ignore[arg-type]
