@@ -9,13 +9,17 @@ per request (a quarter of a classify request's) for three attribute reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
+from litestar import Request
 from litestar.datastructures import State
 
 from service.inference import InferenceService
 from service.metrics import Metrics
 from service.settings import Settings
+
+HttpRequest = Request[Any, Any, Any]
+"""A handler's ``request``, whatever its user, auth and state types."""
 
 
 @dataclass(frozen=True)

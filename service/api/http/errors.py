@@ -244,11 +244,14 @@ def stream_error(exc: Exception, request: Request[Any, Any, Any], reshape: Resha
     return content
 
 
-def error_responses(*codes: int) -> dict[int, ResponseSpec]:
-    """OpenAPI entries for the error statuses an endpoint can answer with, all in the ErrorBody shape."""
+def error_responses(*codes: int, body: type[Any] = ErrorBody, on_400: str = "") -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error statuses an endpoint can answer with, in ``body``'s shape (a door that
+    answers validation errors as 400s says so in ``on_400``)."""
     return {
         code: ResponseSpec(
-            data_container=ErrorBody, description=describe_status(code), generate_examples=False
+            data_container=body,
+            description=describe_status(code) + (on_400 if code == 400 else ""),
+            generate_examples=False,
         )
         for code in codes
     }

@@ -21,7 +21,7 @@ from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response import Stream
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import json_post
 from service.api.http.openapi import also_answers
@@ -204,10 +204,7 @@ class CompletionsController(Controller):
         operation_class=also_answers({"text/event-stream": chunk_schema()}),
     )
     async def completions(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: CompletionBody,
+        self, services: Services, request: HttpRequest, data: CompletionBody
     ) -> Response[Any]:
         """OpenAI's legacy Completions API on a text-generation model, as vLLM serves it.
 

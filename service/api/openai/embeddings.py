@@ -11,11 +11,11 @@ import base64
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from litestar import Controller, Request
+from litestar import Controller
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.http.guards import json_post
@@ -106,10 +106,7 @@ class EmbeddingsController(Controller):
 
     @json_post("OpenAI-compatible embeddings", responses=OPENAI_ERRORS)
     async def embeddings(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: EmbeddingsBody,
+        self, services: Services, request: HttpRequest, data: EmbeddingsBody
     ) -> EmbeddingsResponse:
         """OpenAI's Embeddings API on a feature-extraction model: unit-length vectors, as floats or base64
         (little-endian float32). ``dimensions`` other than the model's own is refused (400): its

@@ -24,8 +24,7 @@ from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from service.api.http.error_body import describe_status
-from service.api.http.errors import reshaped_handlers, stream_error
+from service.api.http.errors import error_responses, reshaped_handlers, stream_error
 from service.api.openai.schemas import OpenAIErrorBody, OpenAIErrorDetail
 
 # The paths whose errors are OpenAI-shaped, also when a middleware answers (auth, overload).
@@ -82,15 +81,7 @@ def openai_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict
 
 def openai_error_responses(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error statuses an OpenAI route answers with, in OpenAI's error shape."""
-    return {
-        code: ResponseSpec(
-            data_container=OpenAIErrorBody,
-            description=describe_status(code)
-            + ("; `validation_error` (a field is invalid)" if code == 400 else ""),
-            generate_examples=False,
-        )
-        for code in codes
-    }
+    return error_responses(*codes, body=OpenAIErrorBody, on_400="; `validation_error` (a field is invalid)")
 
 
 OPENAI_ERRORS = openai_error_responses(400, 404, 413, 415, 429, 500, 503)

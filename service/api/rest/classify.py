@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any
+from typing import Annotated
 
-from litestar import Controller, Request, post
+from litestar import Controller, post
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.fields import FieldNames
@@ -53,10 +53,7 @@ class ClassifyController(Controller):
 
     @json_post("Classify texts or images", responses=INFERENCE_ERRORS)
     async def classify(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: ClassifyBody,
+        self, services: Services, request: HttpRequest, data: ClassifyBody
     ) -> ClassifyResponse:
         """Text (SST-2 sentiment by default) or base64 PNG/JPEG images (Fashion-MNIST by default).
 
@@ -90,7 +87,7 @@ class ClassifyController(Controller):
     async def classify_upload(
         self,
         services: Services,
-        request: Request[Any, Any, Any],
+        request: HttpRequest,
         data: Annotated[ImageUpload, Body(media_type=RequestEncodingType.MULTI_PART)],
     ) -> ClassifyResponse:
         """Form fields: ``file`` (PNG/JPEG), optional ``top_k`` (1..100) and ``model``; optional

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from litestar import Controller
 
-from litestar import Controller, Request
-
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
@@ -24,12 +22,7 @@ class EmbedController(Controller):
     tags = ("embeddings",)
 
     @json_post("Embed texts", responses=INFERENCE_ERRORS)
-    async def embed(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: EmbedBody,
-    ) -> EmbedResponse:
+    async def embed(self, services: Services, request: HttpRequest, data: EmbedBody) -> EmbedResponse:
         """Sentence embeddings (bert-embedder by default): the mean of the encoder's token states over the
         text, unit length unless ``normalize`` is false. Texts longer than the model's window are cut to it
         (``truncated``)."""

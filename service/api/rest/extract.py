@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from litestar import Controller
 
-from litestar import Controller, Request
-
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
@@ -19,12 +17,7 @@ class ExtractController(Controller):
     tags = ("extraction",)
 
     @json_post("Answer questions or tag entities", responses=INFERENCE_ERRORS)
-    async def extract(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: ExtractBody,
-    ) -> ExtractResponse:
+    async def extract(self, services: Services, request: HttpRequest, data: ExtractBody) -> ExtractResponse:
         """qa: answer span with character offsets into the context; contexts longer than the model's
         window are cut into overlapping windows (the manifest's stride) and the best span over all
         windows wins. entities: ``[{text, label, start, end, score}]`` with offsets into the text.

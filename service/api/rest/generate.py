@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response
+from litestar import Controller, Response
 from litestar.openapi.datastructures import ResponseSpec
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
@@ -35,12 +35,7 @@ class GenerateController(Controller):
         responses={**INFERENCE_ERRORS, 200: _OK},
         operation_class=also_answers({"text/event-stream": SSE_EVENT_SCHEMA}),
     )
-    async def generate(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: GenerateBody,
-    ) -> Response[Any]:
+    async def generate(self, services: Services, request: HttpRequest, data: GenerateBody) -> Response[Any]:
         """Sampling: temperature (0 = greedy), top_k, top_p, repetition_penalty, stop strings, seed.
 
         Every prompt of a batch uses the same parameters (and the same seed).

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from litestar import Controller
 
-from litestar import Controller, Request
-
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
@@ -21,10 +19,7 @@ class TranslateController(Controller):
 
     @json_post("Translate English to German", responses=INFERENCE_ERRORS)
     async def translate(
-        self,
-        services: Services,
-        request: Request[Any, Any, Any],
-        data: TranslateBody,
+        self, services: Services, request: HttpRequest, data: TranslateBody
     ) -> TranslateResponse:
         """Greedy (beam_size 1) or beam search; a batch of texts is answered in order.
 

@@ -23,8 +23,7 @@ from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from service.api.http.error_body import describe_status
-from service.api.http.errors import reshaped_handlers, stream_error
+from service.api.http.errors import error_responses, reshaped_handlers, stream_error
 from service.api.v2.schemas import V2ErrorBody
 
 V2_PREFIX = "/v2"
@@ -62,15 +61,8 @@ def v2_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str
 
 def v2_error_responses(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error statuses a v2 route answers with, in the protocol's error shape."""
-    return {
-        code: ResponseSpec(
-            data_container=V2ErrorBody,
-            description=describe_status(code)
-            + ("; `validation_error` (a tensor or parameter is invalid)" if code == 400 else ""),
-            generate_examples=False,
-        )
-        for code in codes
-    }
+    on_400 = "; `validation_error` (a tensor or parameter is invalid)"
+    return error_responses(*codes, body=V2ErrorBody, on_400=on_400)
 
 
 V2_ERRORS = v2_error_responses(400, 404, 413, 429, 500, 503)

@@ -15,7 +15,7 @@ import msgspec
 from litestar import Controller, Request, post
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
@@ -41,6 +41,18 @@ from service.inference import (
 from service.inference.params import decoding_params, sampling_params
 
 _GENERATE_TASKS = ("text-generation", "translation")
+
+
+def _route(suffix: str, summary: str, **kwargs: Any) -> Any:
+    """POST on ``/models/{name}[/versions/{version}]`` + ``suffix``, its JSON body read by ``read_json``."""
+    return post(
+        _paths(suffix),
+        status_code=200,
+        before_request=read_json,
+        responses=V2_ERRORS,
+        summary=summary,
+        **kwargs,
+    )
 
 
 def _paths(suffix: str) -> list[str]:
@@ -87,17 +99,11 @@ class GenerateExtensionController(Controller):
     tags = ("open inference protocol v2",)
     exception_handlers = V2_EXCEPTION_HANDLERS
 
-    @post(
-        _paths("/generate"),
-        status_code=200,
-        before_request=read_json,
-        responses=V2_ERRORS,
-        summary="Triton's generate extension: text_input -> text_output (gpt, translator)",
-    )
+    @_route("/generate", "Triton's generate extension: text_input -> text_output (gpt, translator)")
     async def generate(
         self,
         services: Services,
-        request: Request[Any, Any, Any],
+        request: HttpRequest,
         data: GenerateRequest,
         model_name: str,
         model_version: str | None = None,
@@ -131,18 +137,15 @@ class GenerateExtensionController(Controller):
             finish_reason=finish,
         )
 
-    @post(
-        _paths("/generate_stream"),
-        status_code=200,
-        before_request=read_json,
-        responses=V2_ERRORS,
+    @_route(
+        "/generate_stream",
+        "Triton's generate extension, streamed: one `data: {text_output}` chunk per token",
         media_type="text/event-stream",
-        summary="Triton's generate extension, streamed: one `data: {text_output}` chunk per token",
     )
     async def generate_stream(
         self,
         services: Services,
-        request: Request[Any, Any, Any],
+        request: HttpRequest,
         data: GenerateRequest,
         model_name: str,
         model_version: str | None = None,

@@ -57,7 +57,7 @@ class Tensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    values: np.ndarray | list[bytes]
+    values: np.ndarray | Sequence[bytes]
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
@@ -245,14 +245,8 @@ def read_inputs(inputs: Sequence[Any], binary: memoryview) -> list[Tensor]:
 # --- outputs --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Output:
-    """A result tensor: numeric values as a numpy array of the datatype, BYTES as byte strings (row major)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    values: np.ndarray | Sequence[bytes]
+Output = Tensor
+"""A result tensor: numeric values as a numpy array of the datatype, BYTES as byte strings (row major)."""
 
 
 def encode_bytes_elements(values: Sequence[bytes]) -> bytes:

@@ -126,15 +126,7 @@ class AnswerOut(WithAttention):
 
     @classmethod
     def of(cls, a: Answer) -> AnswerOut:
-        return cls(
-            answer=a.answer,
-            start=a.start,
-            end=a.end,
-            score=a.score,
-            window=a.window,
-            windows=a.windows,
-            attention=AttentionOut.of(a.attention),
-        )
+        return cls.model_validate({**vars(a), "attention": AttentionOut.of(a.attention)})
 
 
 class EntityOut(BaseModel):
