@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,12 +26,19 @@ from service.pipelines.results import Outcome, Usage
 from .backends import CacheBackend
 from .keys import response_key
 
-if TYPE_CHECKING:  # the pipelines' attention step imports this module
-    from service.pipelines.base import ModelPipeline
-
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+
+class Answering(Protocol):
+    """What the cache needs of the pipeline that answers: its model's name, version and task."""
+
+    @property
+    def name(self) -> str: ...
+
+    task: str
+    model: Any  # .version: the manifest's content hash
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ class ResponseCache:
 
     async def get_or_compute(
         self,
-        pipeline: ModelPipeline,
+        pipeline: Answering,
         *,
         request: Mapping[str, Any],
         result_type: type[R],
