@@ -54,7 +54,17 @@ SETUP_HINT = (
 # Kubernetes versions the manifests must validate against: an older supported one and the newest bundled.
 K8S_VERSIONS = ["1.29"]
 # Variables that docker-compose.yml interpolates: cleared so the test sees the files' own defaults.
-COMPOSE_VARIABLES = ("PROFILE", "DATA_DIR", "DEVICE", "LOG_LEVEL", "API_PORT", "CUDA_IMAGE", "LOAD_MIX")
+COMPOSE_VARIABLES = (
+    "PROFILE",
+    "DATA_DIR",
+    "DEVICE",
+    "LOG_LEVEL",
+    "API_PORT",
+    "CUDA_IMAGE",
+    "LOAD_MIX",
+    "API_REPLICAS",
+    "LB_PORT",
+)
 # Environment variables the images and manifests set that are not service Settings.
 NON_SETTINGS_ENV = {"ORT_DISABLE_TELEMETRY", "CUDA_CACHE_PATH"}
 
@@ -519,6 +529,55 @@ def test_compose_headless_profile() -> None:
     assert headless["environment"]["LOCUST_RUN_TIME"], "a headless run must end by itself"
     assert headless["depends_on"]["api"]["condition"] == "service_healthy"
     assert "ports" not in headless
+
+
+def test_compose_scaled_profile() -> None:
+    """--profile scaled: replicas of the api under its DNS name, HAProxy with the file tests/test_replicas.py
+    runs, one Redis, Prometheus finding every replica; the CPU override reaches the replicas too."""
+    services = _compose_config("docker-compose.yml", profiles=("scaled",))["services"]
+    api, replica, lb = services["api"], services["api-replica"], services["lb"]
+    assert replica["profiles"] == lb["profiles"] == ["scaled"]
+    assert replica["environment"] == api["environment"], "a replica is the api, not a variant of it"
+    assert replica["healthcheck"] == api["healthcheck"]
+    assert replica["image"] == api["image"] and "build" not in replica
+    assert replica["deploy"]["replicas"] >= 1
+    assert "api" in replica["networks"]["default"]["aliases"], "HAProxy and Prometheus resolve `api`"
+    assert "ports" not in replica, "replicas are reached through the balancer"
+    assert replica["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert replica["stop_signal"] == "SIGTERM"
+    assert _seconds(replica["stop_grace_period"]) > float(replica["environment"]["SHUTDOWN_TIMEOUT_S"])
+
+    mounts = {v["target"]: v for v in lb["volumes"]}
+    config = mounts["/usr/local/etc/haproxy"]
+    assert Path(config["source"]) == REPO / "deploy" / "haproxy" and config["read_only"]
+    files = [arg for arg in lb["command"] if arg.startswith("/usr/local/etc/haproxy/")]
+    assert [Path(f).name for f in files] == ["haproxy.cfg", "servers.compose.cfg"]
+    assert [(p["target"], p["published"]) for p in lb["ports"]] == [(8000, "8080")]
+    assert lb["healthcheck"]["test"][0] == "CMD"
+    haproxy = shutil.which("haproxy")
+    if haproxy is not None:  # the test path installs it (tests/test_replicas.py needs it)
+        result = _run(
+            [
+                haproxy,
+                "-c",
+                *(arg for f in files for arg in ("-f", str(REPO / "deploy/haproxy" / Path(f).name))),
+            ]
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    prometheus = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    names = {
+        name
+        for job in prometheus["scrape_configs"]
+        for dns in job.get("dns_sd_configs", [])
+        for name in dns["names"]
+    }
+    assert {"api", "lb"} <= names
+
+    cpu = _compose_config("docker-compose.yml", "docker-compose.cpu.yml", profiles=("scaled",))["services"]
+    reservations = cpu["api-replica"].get("deploy", {}).get("resources", {}).get("reservations", {})
+    assert not reservations.get("devices") and cpu["api-replica"]["environment"]["DEVICE"] == "cpu"
+    assert cpu["api-replica"]["image"] == cpu["api"]["image"]
 
 
 def test_compose_cpu_override_drops_the_gpu(compose_cpu: dict[str, Any]) -> None:
