@@ -91,6 +91,14 @@ if [ "${1:-}" = "--apt-install" ]; then
   exit 0
 fi
 
+# `scripts/setup.sh --test-tools`: what only the test path needs (`make test`, CI), never `make serve`:
+# haproxy (tests/test_replicas.py), and podman, buildah, runc and mmdebstrap to build and run the image
+# (tests/test_image.py, scripts/podman_build.sh).
+if [ "${1:-}" = "--test-tools" ]; then
+  apt_install haproxy podman buildah runc mmdebstrap
+  exit 0
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi

@@ -825,3 +825,16 @@ def test_k8s_redis_is_what_the_api_points_at(manifests: dict[tuple[str, str], di
     (port,) = service["spec"]["ports"]
     assert port["port"] == int(match.group(2))
     assert _port(container, port["targetPort"]) == 6379
+
+
+def test_dockerfile_needs_no_image_beyond_its_bases(dockerfile: Any) -> None:
+    """No `# syntax=` frontend image (BuildKit would pull it from Docker Hub; buildah ignores it): Docker
+    23+'s built-in frontend has RUN --mount and named build contexts. Every FROM is a build arg or a stage."""
+    first = DOCKERFILE.read_text(encoding="utf-8").lstrip().splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, flags=re.IGNORECASE), first
+    global_args, stages, _ = dockerfile
+    for name, stage in stages.items():
+        base = stage["base"]
+        assert base in stages or re.fullmatch(r"\$\{[A-Z_]+\}", base), f"stage {name} is FROM {base}"
+        if base not in stages:
+            assert base.strip("${}") in global_args
