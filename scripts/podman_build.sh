@@ -107,7 +107,8 @@ case "${1:-}" in
   runtime)
     profile=${2:-tiny}
     torch_index
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # A fixed port: TORCH_INDEX_URL is a build arg, and a new value each time would void the layer cache.
+    port=${TORCH_INDEX_PORT:-38417}
     python3 -m http.server --bind 127.0.0.1 --directory "$STATE/torch-index" "$port" >/dev/null 2>&1 &
     server=$!
     trap 'kill $server 2>/dev/null' EXIT

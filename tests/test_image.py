@@ -82,7 +82,10 @@ def runtime_image() -> str:
     config = json.loads(image.stdout)
     assert config["User"] == "10001:10001"
     assert config["Cmd"] == ["python", "-m", "service"]
-    assert config.get("Healthcheck"), "the Docker format keeps HEALTHCHECK"
+    health = json.loads(
+        _podman("image", "inspect", f"{TAG}:service", "--format", "{{json .HealthCheck}}").stdout
+    )
+    assert health and "/usr/local/bin/healthcheck.py" in health["Test"], "the Docker format keeps HEALTHCHECK"
     no_torch = _podman(
         "run", "--rm", "--network", "none", f"{TAG}:service", "python", "-c", "import torch", check=False
     )
@@ -136,7 +139,7 @@ def test_the_runtime_image_serves_every_door_and_drains(container: tuple[str, st
     print(f"\nthe tiny runtime container was ready in {ready_s:.1f} s")
     assert _podman("healthcheck", "run", name, check=False).returncode == 0, "the image's HEALTHCHECK"
 
-    with httpx.Client(base_url=url, timeout=60) as http:
+    with httpx.Client(base_url=url, timeout=60, follow_redirects=True) as http:
         models = {m["name"] for m in http.get("/v1/models").json()["data"]}
         assert {
             "translator",
