@@ -1,11 +1,12 @@
-# syntax=docker/dockerfile:1
-#
 # Transformer serving: one image per role, all from this file (docs/DEPLOYMENT.md).
 #
 #   docker build --build-context data=../shared/data -t transformer-serving .            # GPU image with models
 #   docker build --build-context data=../shared/data --build-arg PROFILE=tiny -t ts:tiny .  # quick image
 #   docker build --target service -t transformer-serving:nomodels .   # no models: mount them at /models
 #   docker build --target loadtest -t transformer-serving-locust .    # the locust load generator
+#
+# Docker 23+ (BuildKit's built-in frontend: RUN --mount, --build-context; no `# syntax` image to pull),
+# or podman/buildah with no registry at all: scripts/podman_build.sh (local bases, local torch index).
 #
 # Stages:
 #   export        python + torch (CPU): trains, exports and evaluates every model into /models.

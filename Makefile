@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup models serve test lint format eval clean-models loadtest bench soak lock audit
+.PHONY: setup test-tools image models serve test lint format eval clean-models loadtest bench soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -17,8 +17,17 @@ models: setup
 serve: models
 	MODEL_REPOSITORY=$(MODELS) $(PY) -m service
 
-test: setup
+# The suite needs more than serving does: haproxy and the container tools (scripts/setup.sh --test-tools).
+test: setup test-tools
 	$(PY) -m pytest -q
+
+test-tools:
+	./scripts/setup.sh --test-tools
+
+# The image with podman and buildah where no image registry is reachable (docs/DEPLOYMENT.md):
+# make image PROFILE=tiny
+image: test-tools
+	scripts/podman_build.sh runtime $(PROFILE)
 
 lint: setup
 	.venv/bin/ruff check .

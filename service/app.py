@@ -84,7 +84,10 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
 async def build_registry(settings: Settings, metrics: Metrics | None = None) -> ModelRegistry:
     """Load the repository (blocking ONNX Runtime work, off the event loop) and build every pipeline."""
     loaded, refused = await asyncio.to_thread(
-        load_repository, settings.model_repository, runtime_options(settings)
+        load_repository,
+        settings.model_repository,
+        runtime_options(settings),
+        only=settings.served_models or None,  # SERVED_MODELS: empty serves every folder
     )
     pipelines: list[ModelPipeline] = []
     for name, model in loaded.items():

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    served_models: Words = Field(
+        default=[],
+        description="Model names (folders) to load, comma-separated; empty: every folder. One model per "
+        "process, pod or KServe InferenceService; a name with no folder is refused like a broken one",
+    )
 
     # --- ONNX Runtime --------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = Field(

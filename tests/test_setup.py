@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,12 +55,20 @@ def absent_package() -> Iterator[str]:
     purge(PACKAGE)
 
 
-def run_setup(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_setup(
+    *args: str, user: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [str(SETUP), *args]
     if user is not None:
         command = ["runuser", "-u", user, "--", *command]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=600, cwd="/", stdin=subprocess.DEVNULL
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -114,4 +123,53 @@ def test_apt_branch_refuses_clearly_without_root_or_sudo(absent_package: str) ->
     if not shutil.which("sudo", path="/usr/bin:/bin"):
         assert "need root" in result.stderr and "sudo is not installed" in result.stderr
     # Where sudo exists, nobody may not use it: sudo itself refuses, and nothing is installed either way.
+    assert not installed(PACKAGE)
+
+
+DPKG_LOCKS = ["/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock"]
+LISTS_LOCK = "/var/lib/apt/lists/lock"  # `apt-get update`'s, which apt's DPkg::Lock::Timeout does not cover
+
+# A stand-in for unattended-upgrade: takes the locks the way apt and dpkg do (fcntl, whole file, waiting
+# its turn if a real apt holds them now), says so, holds them for argv[1] seconds, and exits.
+HOLDER = """
+import fcntl, os, sys, time
+fds = [os.open(path, os.O_RDWR | os.O_CREAT, 0o640) for path in sys.argv[2:]]
+for fd in fds:
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@contextlib.contextmanager
+def locks_held(seconds: float, *paths: str) -> Iterator[subprocess.Popen[str]]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(seconds), *paths], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+@pytest.mark.parametrize("paths", [DPKG_LOCKS, [LISTS_LOCK]], ids=["dpkg-locks", "lists-lock"])
+def test_apt_branch_waits_for_a_held_lock(absent_package: str, paths: list[str]) -> None:
+    with locks_held(4, *paths) as holder:
+        result = run_setup("--apt-install", absent_package, env={"APT_LOCK_TIMEOUT": "300"})
+        assert holder.poll() is not None, "setup finished while the lock was still held"
+    assert "waiting up to 300s for another package manager" in result.stderr, result.stderr
+    assert f"{paths[0]} is held by process {holder.pid}" in result.stderr, result.stderr
+    assert result.stderr.count("waiting up to") == 1, "said once, not once a second"
+    assert_hello_works(result)
+
+
+def test_apt_branch_gives_up_after_the_timeout(absent_package: str) -> None:
+    with locks_held(60, *DPKG_LOCKS) as holder:
+        result = run_setup("--apt-install", absent_package, env={"APT_LOCK_TIMEOUT": "2"})
+        assert holder.poll() is None, "it waited for the holder to end"
+    assert result.returncode != 0
+    assert "gave up waiting for apt/dpkg after 2s" in result.stderr, result.stderr
+    assert f"held by process {holder.pid}" in result.stderr
     assert not installed(PACKAGE)

@@ -186,12 +186,21 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
 def load_repository(
     root: Path, options: RuntimeOptions, only: list[str] | None = None, check_hashes: bool = True
 ) -> tuple[dict[str, LoadedModel], dict[str, str]]:
-    """Every model folder under root -> (loaded models by name, refusal reasons by folder name)."""
+    """Every model folder under root (or only those named) -> (loaded models by name, refusal reasons).
+
+    ``only`` (SERVED_MODELS) names the folders to load; a name without a folder is refused with the
+    others' reasons, so a pod told to serve a model it does not have says so (and is not ready when that
+    was its only model).
+    """
     loaded: dict[str, LoadedModel] = {}
     failed: dict[str, str] = {}
     if not root.is_dir():
         log.error("model repository %s does not exist", root)
         return loaded, {"*": f"model repository {root} does not exist"}
+    for name in only or []:
+        if not (root / name).is_dir():
+            log.error("refusing model %s: SERVED_MODELS names it but %s has no such folder", name, root)
+            failed[name] = f"SERVED_MODELS names it but {root} has no such folder"
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if model_dir.name.endswith(".partial") or (only is not None and model_dir.name not in only):
             continue

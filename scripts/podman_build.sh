@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Build the Dockerfile's images with Debian's podman and buildah, where no image registry is reachable
+# (only the package registries), as tests/test_image.py does and docs/DEPLOYMENT.md describes:
+#
+#   scripts/podman_build.sh service            # --target service: the runtime without models
+#   scripts/podman_build.sh runtime [PROFILE]  # the runtime with models (PROFILE tiny by default here)
+#   scripts/podman_build.sh env                # print the environment that points podman at this state
+#
+# Everything lives in a private state folder (PODMAN_STATE, default .cache/podman): its own
+# containers.conf and storage.conf through CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, never the
+# machine's. The bases the Dockerfile takes as build args are made locally when missing:
+#   localhost/debian:bookworm          mmdebstrap (minbase) from this machine's apt sources, podman import
+#   localhost/python:3.11-bookworm     that, plus Debian's Python 3.11 in a venv on PATH (PYTHON_IMAGE)
+# The runtime's CUDA base is replaced by the Debian one (a CPU image: CUDA_IMAGE is a build arg).
+# torch for the export stage comes from a local index (TORCH_INDEX_URL) of `pip download torch==2.13.0`:
+# the CPU wheel index's host is not reachable here.
+# Needs root, podman, buildah, runc and mmdebstrap (scripts/setup.sh --test-tools installs them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATE=${PODMAN_STATE:-.cache/podman}
+mkdir -p "$STATE"
+STATE=$(realpath "$STATE")
+DEBIAN_IMAGE=localhost/debian:bookworm
+PYTHON_IMAGE=localhost/python:3.11-bookworm
+TAG=${IMAGE_TAG:-localhost/transformer-serving}
+DATA_DIR=${DATA_DIR:-../shared/data}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+
+# runc, not crun: this machine class mounts cgroups v1 and v2 side by side (hybrid), which crun refuses.
+# Ulimits under the sandbox's hard limits (podman's default nofile of 1048576 cannot be granted).
+# The Docker image format keeps HEALTHCHECK, which OCI's drops.
+cat > "$STATE/containers.conf" <<CONF
+[containers]
+default_ulimits = ["nofile=16384:16384", "nproc=16384:16384"]
+
+[engine]
+runtime = "runc"
+CONF
+cat > "$STATE/storage.conf" <<CONF
+[storage]
+driver = "overlay"
+graphroot = "$STATE/storage"
+runroot = "$STATE/run"
+CONF
+export CONTAINERS_CONF="$STATE/containers.conf" CONTAINERS_STORAGE_CONF="$STATE/storage.conf"
+export BUILDAH_FORMAT=docker
+
+if [ "${1:-}" = "env" ]; then
+  echo "export CONTAINERS_CONF=$CONTAINERS_CONF CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF"
+  exit 0
+fi
+for tool in podman buildah runc mmdebstrap; do
+  command -v "$tool" >/dev/null || { echo "podman_build: $tool is missing: scripts/setup.sh --test-tools" >&2; exit 1; }
+done
+
+say() { echo "podman_build: $*" >&2; }
+
+if ! podman image exists "$DEBIAN_IMAGE"; then
+  say "making $DEBIAN_IMAGE with mmdebstrap (this machine's apt sources)"
+  sources=()
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [ -s "$f" ] && sources+=("$f")
+  done
+  # The machine's own extra certificate authorities go in too (a TLS-inspecting egress proxy's, say),
+  # and pip is pointed at the system bundle: pip's vendored certifi knows none of them.
+  mmdebstrap --quiet --variant=minbase --include=ca-certificates \
+    --customize-hook='copy-in /usr/local/share/ca-certificates /usr/local/share' \
+    --customize-hook='chroot "$1" update-ca-certificates' \
+    bookworm "$STATE/debian.tar" "${sources[@]}"
+  podman import --change 'CMD ["/bin/bash"]' --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+    "$STATE/debian.tar" "$DEBIAN_IMAGE" >/dev/null
+  rm -f "$STATE/debian.tar"
+fi
+if ! podman image exists "$PYTHON_IMAGE"; then
+  say "making $PYTHON_IMAGE"
+  podman build --quiet --network host --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" -t "$PYTHON_IMAGE" \
+    -f deploy/podman/python-base.Containerfile deploy/podman >/dev/null
+fi
+
+# torch and what it needs, as a PEP 503 index served on loopback to the build (host network).
+torch_index() {
+  local wheels="$STATE/torch-index"
+  if ! ls "$wheels"/torch-"$TORCH_VERSION"*.whl >/dev/null 2>&1; then
+    say "gathering torch==$TORCH_VERSION and its requirements into $wheels"
+    python3 -m pip download --quiet --only-binary=:all: --python-version 3.11 --platform manylinux_2_28_x86_64 \
+      -d "$wheels" "torch==$TORCH_VERSION"
+  fi
+  python3 deploy/podman/simple_index.py "$wheels"
+}
+
+build() {  # build TARGET TAG [ARGS...]
+  local target=$1 tag=$2
+  shift 2
+  say "building --target $target as $tag"
+  local started=$SECONDS
+  podman build --network host --format docker --layers \
+    --build-arg CUDA_IMAGE="$DEBIAN_IMAGE" --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" \
+    --target "$target" -t "$tag" "$@" .
+  say "built $tag in $((SECONDS - started)) s"
+}
+
+case "${1:-}" in
+  service)
+    build service "$TAG:service"
+    ;;
+  runtime)
+    profile=${2:-tiny}
+    torch_index
+    # A fixed port: TORCH_INDEX_URL is a build arg, and a new value each time would void the layer cache.
+    port=${TORCH_INDEX_PORT:-38417}
+    python3 -m http.server --bind 127.0.0.1 --directory "$STATE/torch-index" "$port" >/dev/null 2>&1 &
+    server=$!
+    trap 'kill $server 2>/dev/null' EXIT
+    build runtime "$TAG:$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
+      --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
+    ;;
+  *)
+    sed -n '2,8p' "$0" >&2
+    exit 2
+    ;;
+esac
