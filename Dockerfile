@@ -112,12 +112,14 @@ ENV PATH=/opt/venv/bin:$PATH \
     ORT_DISABLE_TELEMETRY=1 \
     HOST=0.0.0.0 \
     PORT=8000 \
+    GRPC_PORT=8001 \
     WORKERS=1 \
     MODEL_REPOSITORY=/models
 
 WORKDIR /srv
 USER 10001:10001
-EXPOSE 8000
+# HTTP (REST, OpenAI, Open Inference v2) and Open Inference v2 over gRPC
+EXPOSE 8000 8001
 
 # uvicorn drains on SIGTERM: stops accepting, lets in-flight requests finish within SHUTDOWN_TIMEOUT_S.
 STOPSIGNAL SIGTERM

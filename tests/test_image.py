@@ -26,7 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc
 from PIL import Image
 
 from harness.ports import free_port
@@ -97,15 +99,16 @@ def runtime_image() -> str:
 
 
 @pytest.fixture
-def container(runtime_image: str) -> Iterator[tuple[str, str]]:
-    name, port = f"ts-image-test-{uuid.uuid4().hex[:8]}", free_port()
+def container(runtime_image: str) -> Iterator[tuple[str, str, str]]:
+    name, port, grpc_port = f"ts-image-test-{uuid.uuid4().hex[:8]}", free_port(), free_port()
     _podman(
         "run", "--detach", "--name", name, "--network", "host",
-        "--env", "HOST=127.0.0.1", "--env", f"PORT={port}", "--env", "DEVICE=cpu", "--env", "SHUTDOWN_TIMEOUT_S=20",
+        "--env", "HOST=127.0.0.1", "--env", f"PORT={port}", "--env", f"GRPC_PORT={grpc_port}",
+        "--env", "DEVICE=cpu", "--env", "SHUTDOWN_TIMEOUT_S=20",
         runtime_image,
     )  # fmt: skip
     try:
-        yield name, f"http://127.0.0.1:{port}"
+        yield name, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
     finally:
         _podman("rm", "--force", "--time", "0", name, check=False)
 
@@ -133,8 +136,8 @@ def _png() -> bytes:
     return out.getvalue()
 
 
-def test_the_runtime_image_serves_every_door_and_drains(container: tuple[str, str]) -> None:
-    name, url = container
+def test_the_runtime_image_serves_every_door_and_drains(container: tuple[str, str, str]) -> None:
+    name, url, grpc_address = container
     ready_s = _wait_ready(name, url)
     print(f"\nthe tiny runtime container was ready in {ready_s:.1f} s")
     assert _podman("healthcheck", "run", name, check=False).returncode == 0, "the image's HEALTHCHECK"
@@ -191,6 +194,12 @@ def test_the_runtime_image_serves_every_door_and_drains(container: tuple[str, st
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             events = [line for line in r.iter_lines() if line.startswith("data:")]
         assert any("finish_reason" in e for e in events)
+
+    grpc = tritonclient.grpc.InferenceServerClient(grpc_address)  # the fourth door: v2 over gRPC
+    text = tritonclient.grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a fine film"], dtype=object))
+    assert grpc.infer("bert-classifier", [text]).as_numpy("label").shape == (1,)
+    grpc.close()
 
     stop = _podman("stop", "--time", "40", name, timeout=90)
     assert stop.returncode == 0
