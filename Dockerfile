@@ -119,7 +119,8 @@ ENV PATH=/opt/venv/bin:$PATH \
 WORKDIR /srv
 USER 10001:10001
 # HTTP (REST, OpenAI, Open Inference v2) and Open Inference v2 over gRPC
-EXPOSE 8000 8001
+EXPOSE 8000
+EXPOSE 8001
 
 # uvicorn drains on SIGTERM: stops accepting, lets in-flight requests finish within SHUTDOWN_TIMEOUT_S.
 STOPSIGNAL SIGTERM

@@ -237,6 +237,7 @@ def test_runtime_image_has_no_torch_and_serves_as_a_user(dockerfile: Any) -> Non
     assert env["PORT"] == "8000"
     assert env["MODEL_REPOSITORY"] == "/models"
     assert "8000" in _all(service, "EXPOSE")
+    assert env["GRPC_PORT"] == "8001" and "8001" in _all(service, "EXPOSE")  # v2 over gRPC
     assert _all(service, "STOPSIGNAL") == ["SIGTERM"]
     assert _all(service, "CMD") == ['["python", "-m", "service"]']
 
@@ -487,7 +488,7 @@ def test_compose_api(compose: dict[str, Any]) -> None:
     assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"
     assert api["environment"]["WORKERS"] == "1"
     assert api["environment"]["DEVICE"] == "cuda"
-    assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000")]
+    assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000"), (8001, "8001")]
     assert api["stop_signal"] == "SIGTERM"
     assert _seconds(api["stop_grace_period"]) > float(api["environment"]["SHUTDOWN_TIMEOUT_S"])
     Settings(**{key.lower(): value for key, value in api["environment"].items()})  # valid settings
