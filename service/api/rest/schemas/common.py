@@ -12,6 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from service.api.http.fields import FieldNames, one_or_many
 from service.inference import Usage
+from service.inference.params import RANGES
 
 
 def _not_blank(value: str) -> str:
@@ -27,6 +28,16 @@ Text = Annotated[
     str, AfterValidator(_not_blank), WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"\S"})
 ]
 ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+def ranged(name: str, default: Any, description: str) -> Any:
+    """A field whose range is the inference core's for the parameter ``name`` (``inference.params.RANGES``):
+    the JSON Schema documents the numbers the core checks, written once there."""
+    r = RANGES[name]
+    low, high = (int(r.low), int(r.high)) if r.integer else (r.low, r.high)
+    if r.low_open:
+        return Field(default=default, description=description, gt=low, le=high)
+    return Field(default=default, description=description, ge=low, le=high)
 
 
 class Request(BaseModel):

@@ -17,13 +17,14 @@ from service.api.rest.schemas.common import (
     exactly_one,
     json_body,
     json_schema_of,
+    ranged,
 )
 from service.inference import DEFAULT_MAX_NEW_TOKENS, Generation, SamplingParams
-from service.inference.params import sampling_params
+from service.inference.params import MAX_STOP_CHARS, MAX_STOP_STRINGS, sampling_params
 
 DEFAULTS = SamplingParams()  # the engine's defaults, written once there
 _SAMPLING = {"max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"}
-StopString = Annotated[str, Field(min_length=1, max_length=64)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class GenerateRequest(Request):
@@ -37,18 +38,18 @@ class GenerateRequest(Request):
         description=f"At most MAX_NEW_TOKENS; default {DEFAULT_MAX_NEW_TOKENS} (capped by MAX_NEW_TOKENS). Generation also "
         "ends at the model's context length (finish_reason length)",
     )
-    temperature: float = Field(default=DEFAULTS.temperature, ge=0.0, le=2.0, description="0 = greedy")
-    top_k: int = Field(default=DEFAULTS.top_k, ge=0, le=1000, description="0 = off")
-    top_p: float = Field(default=DEFAULTS.top_p, gt=0.0, le=1.0, description="1 = off")
-    repetition_penalty: float = Field(
-        default=DEFAULTS.repetition_penalty, gt=0.0, le=10.0, description="1 = off (CTRL rule)"
+    temperature: float = ranged("temperature", DEFAULTS.temperature, "0 = greedy")
+    top_k: int = ranged("top_k", DEFAULTS.top_k, "0 = off")
+    top_p: float = ranged("top_p", DEFAULTS.top_p, "1 = off")
+    repetition_penalty: float = ranged(
+        "repetition_penalty", DEFAULTS.repetition_penalty, "1 = off (CTRL rule)"
     )
     stop: list[StopString] = Field(
-        default_factory=list, max_length=8, description="Generation ends before the first stop string"
+        default_factory=list,
+        max_length=MAX_STOP_STRINGS,
+        description="Generation ends before the first stop string",
     )
-    seed: int | None = Field(
-        None, ge=0, le=2**63 - 1, description="Reproducible sampling, whatever shares the batch"
-    )
+    seed: int | None = ranged("seed", None, "Reproducible sampling, whatever shares the batch")
     stream: bool = Field(default=False, description="Answer with Server-Sent Events (single prompt only)")
 
     @model_validator(mode="after")

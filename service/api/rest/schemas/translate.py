@@ -8,24 +8,20 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import InferenceResponse, TextInput, exactly_one_of, json_body
+from service.api.rest.schemas.common import InferenceResponse, TextInput, exactly_one_of, json_body, ranged
 from service.inference import Translation
 
 
 class TranslateRequest(TextInput, AttentionFields):
-    beam_size: int = Field(default=1, ge=1, le=8, description="1: greedy search; 2..8: beam search")
+    beam_size: int = ranged("beam_size", 1, "1: greedy search; 2..8: beam search")
     max_new_tokens: int | None = Field(
         None,
         ge=1,
         description="At most MAX_NEW_TOKENS; default: 2 x source tokens + 10, rounded up to a multiple of 16; "
         "capped by the model's target length",
     )
-    num_return_sequences: int = Field(
-        default=1, ge=1, le=8, description="Best hypotheses to return, <= beam_size"
-    )
-    length_penalty: float = Field(
-        1.0, ge=0.0, le=5.0, description="Beam score = log-prob / length ** length_penalty"
-    )
+    num_return_sequences: int = ranged("num_return_sequences", 1, "Best hypotheses to return, <= beam_size")
+    length_penalty: float = ranged("length_penalty", 1.0, "Beam score = log-prob / length ** length_penalty")
     return_scores: bool = Field(default=False, description="Include each sequence's score")
 
     @model_validator(mode="after")
