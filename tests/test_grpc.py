@@ -188,3 +188,24 @@ def test_a_truncated_raw_tensor_is_invalid_argument(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'text'" in str(info.value.details())
     assert grpc_client.is_server_ready()
+
+
+def test_api_keys_guard_the_grpc_door_as_http(tiny_models: Path) -> None:
+    """With API_KEYS, inference and metadata need a key in the call's metadata (Bearer or x-api-key), as on
+    HTTP; the health RPCs stay open (AUTH_HEALTH is off)."""
+    port = free_port()
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, GRPC_PORT=port, API_KEYS=["k1", "k2"], WARMUP=False
+    )
+    with LiveServer(settings):
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        text = _inputs(tgrpc, {"text": [b"a fine film"]})
+        assert client.is_server_live()
+        for headers, says in ((None, "a valid API key is required"), ({"x-api-key": "nope"}, "not valid")):
+            error = _error(lambda: client.infer("bert-classifier", text, headers=headers))  # noqa: B023
+            assert error.status() == "StatusCode.UNAUTHENTICATED" and says in error.message()
+        assert _error(lambda: client.get_model_metadata("gpt")).status() == "StatusCode.UNAUTHENTICATED"
+        for headers in ({"authorization": "Bearer k1"}, {"x-api-key": "k2"}):
+            result = client.infer("bert-classifier", text, headers=headers)
+            assert result.as_numpy("label").shape == (1,)
+        client.close()

@@ -12,6 +12,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc as rpc
 
 from service.api.grpc.servicer import InferenceServicer
+from service.api.http.auth import ApiKeys
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
 from service.settings import Settings
@@ -26,7 +27,8 @@ class GrpcServer:
         self.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
         )
-        rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core, lifecycle), self.server)
+        keys = ApiKeys(settings.api_keys, settings.auth_health, settings.auth_metrics)
+        rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core, lifecycle, keys), self.server)
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.port = self.server.add_insecure_port(self.address)
         self.grace_s = settings.shutdown_timeout_s

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 
 from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
+from service.api.http.auth import ApiKeys, presented_key
 from service.api.v2.infer import InferCall, infer
 from service.api.v2.routes import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
 from service.api.v2.tasks import signature
@@ -29,15 +30,35 @@ from service.lifecycle import Lifecycle
 T = TypeVar("T")
 
 
+UNAUTHENTICATED = "a valid API key is required: metadata authorization: Bearer KEY, or x-api-key: KEY"
+
+
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, core: InferenceService, lifecycle: Lifecycle) -> None:
+    def __init__(self, core: InferenceService, lifecycle: Lifecycle, keys: ApiKeys) -> None:
         self.core = core
         self.lifecycle = lifecycle
+        self.keys = keys
+
+    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
+        """With API_KEYS, every RPC needs a key in its metadata as on HTTP (health ones unless AUTH_HEALTH)."""
+        if not self.keys.enabled or (health and not self.keys.protects_health):
+            return
+        metadata = {
+            k.lower().encode(): v.encode() if isinstance(v, str) else v
+            for k, v in context.invocation_metadata() or ()
+        }
+        presented = presented_key(metadata)
+        if not (presented and self.keys.accepts(presented)):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                UNAUTHENTICATED if not presented else "the API key is not valid",
+            )
 
     async def _answer(
         self, context: grpc.aio.ServicerContext, request_id: str, work: Callable[[], Awaitable[T]]
     ) -> T:
         """``work()``, counted in flight (a drain waits for it), its errors as gRPC statuses."""
+        await self._authorize(context)
         self.lifecycle.request_started()
         token = bind(RequestContext(request_id=request_id))
         try:

@@ -11,7 +11,7 @@ the OpenAPI schema, docs and their assets stay open. The check runs before the b
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from litestar.types import ASGIApp, Receive, Scope, Send
 
@@ -31,6 +31,10 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._keys)
 
+    @property
+    def protects_health(self) -> bool:
+        return "/health/" not in self._open_prefixes
+
     def is_open(self, path: str) -> bool:
         if path == "/":  # the redirect to the playground
             return True
@@ -43,13 +47,18 @@ class ApiKeys:
         return valid
 
 
-def _presented_key(scope: Scope) -> bytes:
-    headers = dict(scope["headers"])
+def presented_key(headers: Mapping[bytes, bytes]) -> bytes:
+    """The key a request presents (lower-case header names): ``Authorization: Bearer KEY`` or ``X-API-Key``;
+    the gRPC door reads its metadata with the same rule."""
     authorization = headers.get(b"authorization", b"")
     scheme, _, token = authorization.partition(b" ")
     if scheme.lower() == b"bearer" and token.strip():
         return token.strip()
     return headers.get(b"x-api-key", b"").strip()
+
+
+def _presented_key(scope: Scope) -> bytes:
+    return presented_key(dict(scope["headers"]))
 
 
 def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
