@@ -193,7 +193,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             inference.drain()
         app.state.inference = inference
         app.state.services = Services(inference, settings)
-        grpc_server = GrpcServer(inference, lifecycle, settings) if settings.grpc_port is not None else None
+        grpc_server = (
+            GrpcServer(inference, lifecycle, settings, metrics) if settings.grpc_port is not None else None
+        )
         try:
             await inference.start(warmup=settings.warmup)
             if grpc_server is not None:

@@ -79,6 +79,17 @@ class Metrics:
         )
         self.http_in_flight = gauge("http_requests_in_flight", "HTTP requests being answered", ["route"])
 
+        # --- gRPC (GRPC_PORT) -----------------------------------------------------------------
+        by_call = ["method", "model", "code"]
+        self.grpc_requests = counter("grpc_requests", "gRPC calls answered (Open Inference v2)", by_call)
+        self.grpc_latency = histogram(
+            "grpc_request_duration_seconds",
+            "Time from a gRPC call's start to its answer",
+            by_call,
+            latency_buckets,
+        )
+        self.grpc_in_flight = gauge("grpc_requests_in_flight", "gRPC calls being answered", ["method"])
+
         # --- queues and batches ---------------------------------------------------------------
         self.queue_seconds = histogram(
             "queue_duration_seconds",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
-from servers import LiveServer
+from servers import LiveServer, metric
 from test_open_inference import png
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
@@ -209,3 +209,18 @@ def test_api_keys_guard_the_grpc_door_as_http(tiny_models: Path) -> None:
             result = client.infer("bert-classifier", text, headers=headers)
             assert result.as_numpy("label").shape == (1,)
         client.close()
+
+
+def test_grpc_calls_are_counted_in_the_metrics(
+    api: LiveServer, grpc_client: tgrpc.InferenceServerClient
+) -> None:
+    """gRPC calls have their own request metrics beside HTTP's, labelled by RPC, model and status code."""
+    labels = {"method": "ModelInfer", "model": "bert-embedder"}
+    ok_before = metric(api.url, "tserve_grpc_requests_total", code="OK", **labels)
+    bad_before = metric(api.url, "tserve_grpc_requests_total", code="INVALID_ARGUMENT", **labels)
+    grpc_client.infer("bert-embedder", _inputs(tgrpc, {"text": [b"counted"]}))
+    _error(lambda: grpc_client.infer("bert-embedder", _inputs(tgrpc, {"text": [b" "]})))
+    assert metric(api.url, "tserve_grpc_requests_total", code="OK", **labels) == ok_before + 1
+    assert metric(api.url, "tserve_grpc_requests_total", code="INVALID_ARGUMENT", **labels) == bad_before + 1
+    assert metric(api.url, "tserve_grpc_request_duration_seconds_count", code="OK", **labels) == ok_before + 1
+    assert metric(api.url, "tserve_grpc_requests_in_flight", method="ModelInfer") == 0

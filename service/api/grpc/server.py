@@ -15,20 +15,25 @@ from service.api.grpc.servicer import InferenceServicer
 from service.api.http.auth import ApiKeys
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
+from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class GrpcServer:
-    def __init__(self, core: InferenceService, lifecycle: Lifecycle, settings: Settings) -> None:
+    def __init__(
+        self, core: InferenceService, lifecycle: Lifecycle, settings: Settings, metrics: Metrics
+    ) -> None:
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
         self.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
         )
         keys = ApiKeys(settings.api_keys, settings.auth_health, settings.auth_metrics)
-        rpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core, lifecycle, keys), self.server)
+        rpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(core, lifecycle, keys, metrics), self.server
+        )
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.port = self.server.add_insecure_port(self.address)
         self.grace_s = settings.shutdown_timeout_s

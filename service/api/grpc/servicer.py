@@ -10,6 +10,7 @@ generated service classes come from ``tritonclient.grpc`` (Triton's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from service.api.v2.tasks import signature
 from service.context import RequestContext, bind, unbind
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
+from service.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -34,10 +36,11 @@ UNAUTHENTICATED = "a valid API key is required: metadata authorization: Bearer K
 
 
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, core: InferenceService, lifecycle: Lifecycle, keys: ApiKeys) -> None:
+    def __init__(self, core: InferenceService, lifecycle: Lifecycle, keys: ApiKeys, metrics: Metrics) -> None:
         self.core = core
         self.lifecycle = lifecycle
         self.keys = keys
+        self.metrics = metrics
 
     async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
         """With API_KEYS, every RPC needs a key in its metadata as on HTTP (health ones unless AUTH_HEALTH)."""
@@ -55,12 +58,21 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             )
 
     async def _answer(
-        self, context: grpc.aio.ServicerContext, request_id: str, work: Callable[[], Awaitable[T]]
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        request_id: str,
+        work: Callable[[], Awaitable[T]],
     ) -> T:
-        """``work()``, counted in flight (a drain waits for it), its errors as gRPC statuses."""
+        """``work()``, counted in flight (a drain waits for it) and in the gRPC metrics, its errors as gRPC
+        statuses."""
         await self._authorize(context)
         self.lifecycle.request_started()
-        token = bind(RequestContext(request_id=request_id))
+        request_context = RequestContext(request_id=request_id)
+        token = bind(request_context)
+        in_flight = self.metrics.grpc_in_flight.labels(method)
+        in_flight.inc()
+        started, code = time.perf_counter(), grpc.StatusCode.OK
         try:
             return await work()
         except Exception as exc:
@@ -68,6 +80,10 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             await context.abort(code, message)
             raise  # abort raises; this line is never reached
         finally:
+            labels = (method, request_context.model or "-", code.name)
+            self.metrics.grpc_requests.labels(*labels).inc()
+            self.metrics.grpc_latency.labels(*labels).observe(time.perf_counter() - started)
+            in_flight.dec()
             unbind(token)
             self.lifecycle.request_finished()
 
@@ -90,7 +106,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             signature(model)  # a model without v2 tensors is not there for a v2 client
             return pb.ModelReadyResponse(ready=self.core.phase == "ready")
 
-        return await self._answer(context, "", ready)
+        return await self._answer(context, "ModelReady", "", ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def metadata() -> pb.ModelMetadataResponse:
@@ -101,7 +117,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                     tensors.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
             return out
 
-        return await self._answer(context, "", metadata)
+        return await self._answer(context, "ModelMetadata", "", metadata)
 
     # --- inference --------------------------------------------------------------------------------
 
@@ -130,4 +146,4 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 add_output(response, output)
             return response
 
-        return await self._answer(context, request.id, run)
+        return await self._answer(context, "ModelInfer", request.id, run)
