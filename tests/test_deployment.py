@@ -783,8 +783,8 @@ def test_k8s_service_selects_the_api_pods(manifests: dict[tuple[str, str], dict[
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
     service = manifests[("Service", "transformer-serving")]
     assert service["spec"]["selector"].items() <= labels.items()
-    for port in service["spec"]["ports"]:
-        assert _port(container, port["targetPort"]) == 8000
+    ports = {port["name"]: _port(container, port["targetPort"]) for port in service["spec"]["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001}  # HTTP, and Open Inference v2 over gRPC
     redis_labels = manifests[("Deployment", "transformer-serving-redis")]["spec"]["template"]["metadata"][
         "labels"
     ]
