@@ -15,11 +15,13 @@ def benchmark_server(
     env: dict[str, str] | None = None,
     command: Sequence[str] | None = None,
     log_level: str = "warning",
+    cpu_of_tree: bool = False,
 ) -> ServiceProcess:
     """One worker on ``repository`` with the options' device and threads; ``env`` adds settings.
 
     Not started: ``with benchmark_server(...) as server`` starts it (or ``.start()``, which also times
     spawn -> ready in ``ready_s``). ``command`` replaces ``python -m service`` (serve_probe.py).
+    ``cpu_of_tree``: the CPU figures count the processes it starts too (as a peer server's must).
     """
     return ServiceProcess(
         {
@@ -32,6 +34,7 @@ def benchmark_server(
             **(env or {}),
         },
         command=command,
+        cpu_of_tree=cpu_of_tree,
     )
 
 

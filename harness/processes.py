@@ -56,3 +56,37 @@ def process_cpu_seconds(pid: int) -> float:
     if len(fields) < 13:
         return math.nan
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces), or None when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return fields if len(fields) >= 15 else None
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and all its descendants (children it has reaped included), from /proc.
+
+    For servers that do their work in other processes than the one started: LitServe's inference
+    worker, Ray's raylet, proxy and replicas. NaN when ``pid`` itself is gone.
+    """
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:  # utime, stime, cutime, cstime: ticks, reaped children's included
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            times[int(entry.name)] = sum(int(f) for f in fields[11:15])
+    if pid not in times:
+        return math.nan
+    tree, frontier = [pid], [pid]
+    while frontier:
+        found = children.get(frontier.pop(), [])
+        tree += found
+        frontier += found
+    return sum(times[p] for p in tree) / os.sysconf("SC_CLK_TCK")

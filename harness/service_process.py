@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .ports import free_port
-from .processes import die_with_parent, process_cpu_seconds, stop_process_group
+from .processes import die_with_parent, process_cpu_seconds, process_tree_cpu_seconds, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_POLL_S = 0.02  # fine enough for the cold-start benchmark, which times spawn -> ready
@@ -38,7 +38,8 @@ class ServiceProcess:
     ``env``: settings over this process's environment (HOST and PORT are set here); a None value removes
     an inherited variable. ``log_path``: the log, appended to (default: a temporary file that ``close``
     removes). ``stop_grace_s``: how long ``stop`` waits after SIGTERM before SIGKILL (0: kill at once).
-    ``die_with_parent``: SIGTERM the service if this process dies without stopping it.
+    ``die_with_parent``: SIGTERM the service if this process dies without stopping it. ``cpu_of_tree``:
+    ``cpu_seconds`` counts every process the command started too (a server with worker processes).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class ServiceProcess:
         command: Sequence[str] | None = None,
         stop_grace_s: float = 20.0,
         die_with_parent: bool = False,
+        cpu_of_tree: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -71,6 +73,7 @@ class ServiceProcess:
         self.log_path = log_path
         self.stop_grace_s = stop_grace_s
         self.die_with_parent = die_with_parent
+        self.cpu_of_tree = cpu_of_tree
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_s = math.nan  # spawn -> /health/ready 200
 
@@ -122,8 +125,10 @@ class ServiceProcess:
             conn.close()
 
     def cpu_seconds(self) -> float:
-        """CPU time the service's main process has used so far (NaN once it is gone)."""
-        return process_cpu_seconds(self.proc.pid) if self.proc is not None else math.nan
+        """CPU time the service's main process (or its whole tree) has used so far (NaN once it is gone)."""
+        if self.proc is None:
+            return math.nan
+        return (process_tree_cpu_seconds if self.cpu_of_tree else process_cpu_seconds)(self.proc.pid)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
