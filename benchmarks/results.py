@@ -66,6 +66,17 @@ def _read(path: str) -> str:
         return ""
 
 
+def vector_extensions(cpuinfo: str) -> str:
+    """What the CPU offers ONNX Runtime's kernels, in words: AVX-512 (with VNNI, for int8) or not."""
+    flags = next(
+        (set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines() if line.startswith("flags")),
+        set(),
+    )
+    if "avx512f" in flags:
+        return "AVX-512 with VNNI" if "avx512_vnni" in flags else "AVX-512, no VNNI"
+    return f"no AVX-512 ({'AVX2' if 'avx2' in flags else 'no AVX2 either'})"
+
+
 def machine_info() -> dict[str, Any]:
     cpuinfo = _read("/proc/cpuinfo")
     models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
@@ -80,6 +91,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "cpu": models[0] if models else platform.processor() or "unknown",
         "cores": len(models) or os.cpu_count() or 0,
+        "vector_extensions": vector_extensions(cpuinfo),
         "ram_gib": round(mem_kb / 1024 / 1024, 1),
         "onnxruntime": ort_version,
         "available_providers": available,
@@ -116,7 +128,8 @@ def append_results(path: Path, results: Sequence[Result], opts: Options, title: 
         "",
         "| date | machine | ONNX Runtime | provider | git | models | intra-op threads |",
         "|---|---|---|---|---|---|---|",
-        f"| {now} | {info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM | {info['onnxruntime']} | "
+        f"| {now} | {info['cpu']} ({info['vector_extensions']}), {info['cores']} cores, {info['ram_gib']} GiB RAM | "
+        f"{info['onnxruntime']} | "
         f"{', '.join(providers) or 'n/a'} | {info['git']} | `{display_path(opts.models)}` | "
         f"{threads} |",
         "",
