@@ -16,12 +16,14 @@ def benchmark_server(
     command: Sequence[str] | None = None,
     log_level: str = "warning",
     cpu_of_tree: bool = False,
+    port: int | None = None,
 ) -> ServiceProcess:
     """One worker on ``repository`` with the options' device and threads; ``env`` adds settings.
 
     Not started: ``with benchmark_server(...) as server`` starts it (or ``.start()``, which also times
     spawn -> ready in ``ready_s``). ``command`` replaces ``python -m service`` (serve_probe.py).
     ``cpu_of_tree``: the CPU figures count the processes it starts too (as a peer server's must).
+    ``port``: default, a free one.
     """
     return ServiceProcess(
         {
@@ -35,6 +37,7 @@ def benchmark_server(
         },
         command=command,
         cpu_of_tree=cpu_of_tree,
+        port=port,
     )
 
 

@@ -111,7 +111,7 @@ class ServiceProcess:
         try:
             conn.request("GET", path)
             return conn.getresponse().status
-        except OSError:
+        except (OSError, http.client.HTTPException):  # HTTPException: not (yet) an HTTP server there
             return None
         finally:
             conn.close()
