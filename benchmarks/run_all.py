@@ -1,11 +1,13 @@
 """Every benchmark, one after the other, within about 15 minutes on a 2-core machine.
 
     python benchmarks/run_all.py --json benchmarks/latest.json [--models DIR] [--quick] [--only NAME ...]
+        [--peers-python .venv-peers/bin/python]
 
 Prints each ratio with its target and PASS/MISS, appends one dated section to benchmarks/RESULTS.md
 and writes the headline figures under fixed keys (HEADLINE) to the JSON file, with each benchmark's
 full figures under "details". A benchmark that fails is reported and the others still run; the exit
-status is then 1.
+status is then 1. An optional benchmark that cannot run with the options given (``peers.py`` without
+``--peers-python``: the peer servers live in a venv of their own) is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from benchmarks import (
     continuous_batching,
     kv_cache,
     overhead,
+    peers,
     protocols,
     response_cache,
     variants,
@@ -45,6 +48,7 @@ MODULES: list[ModuleType] = [
     cold_start,
     protocols,
     variants,
+    peers,  # optional: needs --peers-python
 ]
 
 # The JSON keys every run writes, and the benchmark each comes from.
@@ -59,6 +63,8 @@ HEADLINE = {
     "oip_binary_over_native_classify": "protocols",
     "int8_classify_speedup_32": "variants",
     "inplace_kv_step_speedup_16": "kv_cache",
+    "litserve_over_service_32": "peers",
+    "ray_serve_over_service_32": "peers",
 }
 BUDGET_S = 15 * 60
 
@@ -67,21 +73,33 @@ def parse() -> argparse.Namespace:
     parser = base_parser("Run every benchmark and write the headline figures")
     names = [m.NAME for m in MODULES]
     parser.add_argument("--only", nargs="+", choices=names, help="run only these benchmarks")
+    parser.add_argument(
+        "--peers-python",
+        type=Path,
+        default=None,
+        help=f"python of the peer servers' venv, for peers.py (make it: {peers.VENV_HINT}); without it: skipped",
+    )
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse()
     opts = options_from(args)
-    opts.extra = {}  # each benchmark with its own defaults
+    opts.extra = {"peers_python": args.peers_python}  # otherwise each benchmark with its own defaults
     fail_without_repository(opts.models)
     started = time.perf_counter()
     results: list[Result] = []
     failures: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for module in MODULES:
         if args.only and module.NAME not in args.only:
             continue
         print(f"\n-> {module.TITLE}", flush=True)
+        reason = module.skip_reason(opts) if hasattr(module, "skip_reason") else None
+        if reason is not None:
+            print(f"skipped: {reason}", flush=True)
+            skipped[module.NAME] = reason
+            continue
         try:
             result = timed_run(module, opts)
         except Exception as exc:  # one broken benchmark must not hide the others' figures
@@ -105,6 +123,8 @@ def main() -> int:
             print(f"  {check.line()}")
     for name, error in failures.items():
         print(f"  {name}: FAILED ({error})")
+    for name, reason in skipped.items():
+        print(f"  {name}: skipped ({reason})")
 
     if opts.results is not None and results:
         append_results(opts.results, results, opts, title="run_all")
@@ -121,6 +141,7 @@ def main() -> int:
                 },
                 "details": {r.name: r.metrics for r in results},
                 "failures": failures,
+                "skipped": skipped,
                 "seconds": {**{r.name: round(r.seconds, 1) for r in results}, "total": round(elapsed, 1)},
                 "machine": machine_info(),
                 "options": describe_options(opts),

@@ -3,6 +3,9 @@
 Smoke test only: the figures of a --quick run on tiny models mean nothing, so nothing here asserts a
 timing or a ratio; only that each headline key is written as a positive number, that the results
 table and the plot are written, and that every script fails clearly without a model repository.
+The peer comparison (peers.py) needs LitServe and Ray Serve in a venv of their own, which the suite
+does not make: here, only that it is skipped (or refused) clearly without one, and that the peer
+servers' shared code answers exactly as the service's classifier does.
 """
 
 from __future__ import annotations
@@ -13,7 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from benchmarks.peer_servers.classifier import FusedClassifier
+from benchmarks.repository import find_model
+from service.engine.batcher import BatchPolicy
+from service.engine.repository import load_model
+from service.engine.runtime import RuntimeOptions
+from service.pipelines.classify import TextClassifier, top_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [
@@ -25,6 +36,7 @@ SCRIPTS = [
     "cold_start",
     "protocols",
     "variants",
+    "peers",
     "run_all",
 ]
 HEADLINE = [
@@ -81,3 +93,40 @@ def test_script_without_a_repository_says_so(script: str, tmp_path: Path) -> Non
     )
     assert proc.returncode != 0
     assert f"model repository {missing} does not exist" in proc.stderr
+
+
+def test_peers_without_a_peers_python_are_skipped_or_refused(tiny_models: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    common = ["--models", str(tiny_models), "--no-record", "--quick"]
+    run_all = [sys.executable, "benchmarks/run_all.py", "--only", "peers", "--json", str(out), *common]
+    proc = subprocess.run(run_all, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "skipped: no --peers-python given" in proc.stdout
+    assert "no --peers-python given" in json.loads(out.read_text())["skipped"]["peers"]
+    alone = [sys.executable, "benchmarks/peers.py", *common, "--peers-python", str(tmp_path / "nothing")]
+    proc = subprocess.run(alone, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"--peers-python {tmp_path / 'nothing'} does not exist" in proc.stderr
+
+
+def test_peer_servers_classify_as_the_service_does(tiny_models: Path) -> None:
+    """The peers' per-request work (benchmarks/peer_servers/classifier.py) is the service's, number for number."""
+    folder = find_model(tiny_models, "text-classification")
+    model = load_model(folder, RuntimeOptions(device="cpu", variant="fused"))
+    assert model.variant.name == "fused"
+    service = TextClassifier(model, BatchPolicy(32, 8192, 0.0, 256, 30.0))
+    peer = FusedClassifier(folder)
+    texts = ["a gorgeous, witty, seductive movie.", "it's slow -- very, very slow.", "dull " * 1000]
+    ours, theirs = service.encode(texts), [peer.encode(t) for t in texts]
+    assert [(e.ids, e.truncated) for e in theirs] == [(e.ids, e.truncated) for e in ours]
+    assert theirs[-1].truncated and len(theirs[-1].ids) == service.max_len
+    probs = peer.probabilities(theirs)  # (B, labels), one padded batch as the service's batcher runs it
+    np.testing.assert_allclose(probs, np.stack(service.run_batch([e.ids for e in ours])), rtol=0, atol=1e-9)
+    for encoded, p in zip(theirs, probs, strict=True):
+        result = peer.answer(encoded, p)["results"][0]
+        expected = top_labels(p, service.labels, 1, encoded.truncated)
+        assert (result["label"], result["score"], result["truncated"]) == (
+            expected.label,
+            expected.score,
+            expected.truncated,
+        )

@@ -1,0 +1,299 @@
+"""(i) Peers: the same fused classifier behind LitServe and Ray Serve, and behind this service.
+
+    python -m venv .venv-peers && .venv-peers/bin/pip install -e ".[peers]"     # once
+    python benchmarks/peers.py --peers-python .venv-peers/bin/python
+
+One ONNX file, the text classifier's ``fused`` variant (what the service serves on CPU; its path is
+in the manifest's ``variants``), behind three servers on loopback ports: this service (``python -m
+service`` from this venv, MODEL_VARIANT=fused) and, with the python of a separate venv
+(``--peers-python``: their dependencies never enter the service's), LitServe and Ray Serve
+(``benchmarks/peer_servers/``). Every server does the same work per request: the model folder's
+``tokenizer.json`` (tokenizers), ONNX Runtime on the fused graph with the same thread settings
+(INTRA_OP_THREADS, one inter-op thread), softmax, the top label, a JSON answer; each batches
+dynamically, up to the same ``max_batch_size`` (the service's MAX_BATCH_SIZE, 32), with the wait its
+own design needs (LitServe's ``batch_timeout``, Ray Serve's ``batch_wait_timeout_s``; the service
+forms batches while the model computes and never waits). Once started, every server first answers
+the same texts one by one, and its labels and scores are compared with the service's.
+
+The same closed-loop client (``load.py``: one SST-2 sentence per ``POST /v1/classify``) then drives
+each server at 1, 8 and 32 clients. One server runs at a time: an idle peer is not idle (LitServe's
+worker polls its queue, Ray's raylet and GCS keep time), and on a small machine what it burns would
+be taken from the server measured. So each round starts each server in turn, measures its points and
+stops it, for ``--rounds`` rounds with the order reversed every other round, so that a drifting
+machine drifts for all of them alike. The table gives each peer's requests/s, p50 and p99 as ratios
+to the service's, and the CPU of each server's whole process tree (LitServe's API server and
+inference worker, Ray's raylet, GCS, proxy and replica). A peer that does not install or start is
+reported as such, and the others are measured all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/peers.py` anywhere
+
+from benchmarks.batching import classify_request
+from benchmarks.cli import main
+from benchmarks.data import sentiment_texts
+from benchmarks.load import BYPASS_CACHE, LoadPoint, closed_loop, merge_points
+from benchmarks.options import BENCH_DIR, Options
+from benchmarks.repository import find_model, subset_repository
+from benchmarks.results import Check, Result, cores_used, display_path
+from benchmarks.server import benchmark_server, providers
+from harness.event_loop import run_async
+from harness.http_client import HTTPConnection
+from harness.ports import free_port_outside_ephemeral
+from harness.service_process import ServiceNotReady, ServiceProcess
+from harness.stats import ratio
+
+NAME = "peers"
+TITLE = "(i) Peers: the fused bert-classifier behind LitServe and Ray Serve vs this service"
+CONCURRENCY = (1, 8, 32)
+VARIANT = "fused"
+SERVICE = "service"
+MAX_BATCH_SIZE = 32  # the service's default MAX_BATCH_SIZE, for all three
+
+
+@dataclass(frozen=True)
+class Peer:
+    key: str  # in the JSON figures
+    label: str
+    script: str  # in benchmarks/peer_servers/
+    batch_timeout_ms: float  # the default; see benchmarks/README.md, "Peers", for how it was chosen
+
+
+PEERS = {
+    "litserve": Peer("litserve", "LitServe", "litserve_server.py", 2.0),
+    "ray-serve": Peer("ray_serve", "Ray Serve", "ray_serve_server.py", 0.0),
+}
+VENV_HINT = 'python -m venv .venv-peers && .venv-peers/bin/pip install -e ".[peers]"'
+# A peer's requests/s over the service's, at most: the service keeps its lead (never asserted).
+TARGET = 1.0
+READY_TIMEOUT_S = 300.0  # a cold Ray cluster takes tens of seconds on 2 cores
+AGREEMENT_TEXTS = 16
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peers-python",
+        type=Path,
+        default=None,
+        help=f"python of the venv with the peer servers (make it: {VENV_HINT}); without it: skipped",
+    )
+    parser.add_argument(
+        "--peers", nargs="+", choices=sorted(PEERS), default=None, help="peers to run (default: all)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds per point (default 4, quick 0.5)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=None, help=f"clients per point (default {CONCURRENCY})"
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=MAX_BATCH_SIZE,
+        help=f"largest batch, all three servers (default {MAX_BATCH_SIZE})",
+    )
+    for name, peer in PEERS.items():
+        parser.add_argument(
+            f"--{name}-batch-timeout-ms",
+            type=float,
+            default=None,
+            help=f"{peer.label}'s wait for a batch to fill (default {peer.batch_timeout_ms:g})",
+        )
+
+
+def skip_reason(opts: Options) -> str | None:
+    """Why this benchmark cannot run with these options (run_all skips it then), or None."""
+    python = opts.extra.get("peers_python")
+    if python is None:
+        return f"no --peers-python given: make the peers' venv with `{VENV_HINT}`, then pass its python"
+    if not Path(python).is_file():
+        return f"--peers-python {python} does not exist (make it with `{VENV_HINT}`)"
+    return None
+
+
+def fused_graph(folder: Path) -> str:
+    variant = json.loads((folder / "manifest.json").read_text()).get("variants", {}).get(VARIANT)
+    if variant is None:
+        sys.exit(
+            f"error: {folder} has no {VARIANT} variant: "
+            f"`python -m model_export variants --models {folder.parent} --only {folder.name}` writes it"
+        )
+    return str(variant["graphs"]["model"])
+
+
+async def _answers(server: ServiceProcess, texts: list[str]) -> list[tuple[str, float]]:
+    conn = HTTPConnection("127.0.0.1", server.port)
+    try:
+        found = []
+        for text in texts:
+            response = await conn.request("POST", "/v1/classify", {"text": text}, BYPASS_CACHE)
+            assert response.status == 200, f"{server.command}: {response.status} {response.body[:300]!r}"
+            result = response.json()["results"][0]
+            found.append((str(result["label"]), float(result["score"])))
+        return found
+    finally:
+        await conn.close()
+
+
+def _version_line(server: ServiceProcess, label: str) -> str:
+    """The line a peer script logs first (its framework's version and settings)."""
+    return next((line for line in server.log().splitlines() if line.startswith(label + " ")), label)
+
+
+def run(opts: Options) -> Result:
+    reason = skip_reason(opts)
+    if reason is not None:
+        sys.exit(f"error: {reason}")
+    python = Path(opts.extra["peers_python"])
+    folder = find_model(opts.models, "text-classification")
+    graph = fused_graph(folder)
+    chosen = {PEERS[name].key: PEERS[name] for name in opts.extra.get("peers") or PEERS}
+    concurrency = opts.extra.get("concurrency") or ([1, 32] if opts.quick else list(CONCURRENCY))
+    duration = opts.extra.get("duration") or (0.5 if opts.quick else 4.0)
+    rounds = opts.extra.get("rounds") or (1 if opts.quick else 3)
+    warmup = 0.2 if opts.quick else 1.0
+    max_batch = opts.extra.get("max_batch_size") or MAX_BATCH_SIZE
+    timeouts: dict[str, float] = {}
+    for name, peer in PEERS.items():
+        given = opts.extra.get(f"{name.replace('-', '_')}_batch_timeout_ms")
+        if peer.key in chosen:
+            timeouts[peer.key] = peer.batch_timeout_ms if given is None else given
+    texts = sentiment_texts()
+    sample = texts[:AGREEMENT_TEXTS]
+    request = classify_request(texts)
+    labels = {SERVICE: "this service", **{key: p.label for key, p in chosen.items()}}
+    service_env = {"MODEL_VARIANT": VARIANT, "MAX_BATCH_SIZE": str(max_batch)}
+
+    def server_for(key: str, repo: Path) -> ServiceProcess:
+        if key == SERVICE:
+            return benchmark_server(repo, opts, env=service_env, cpu_of_tree=True)
+        env = {"MODEL_DIR": str(folder), "BATCH_TIMEOUT_MS": f"{timeouts[key]:g}", **service_env}
+        command = [str(python), str(BENCH_DIR / "peer_servers" / chosen[key].script)]
+        # Ray binds a dozen ports the OS picks after start-up: ours must not be one the OS could pick.
+        port = free_port_outside_ephemeral()
+        return benchmark_server(repo, opts, env=env, command=command, cpu_of_tree=True, port=port)
+
+    runs: dict[str, dict[int, list[LoadPoint]]] = {key: {c: [] for c in concurrency} for key in labels}
+    ready: dict[str, list[float]] = {key: [] for key in labels}
+    context: dict[str, str] = {}
+    answers: dict[str, list[tuple[str, float]]] = {}
+    not_started: dict[str, str] = {}
+    provider = "unknown"
+    with subset_repository([folder]) as repo:
+        for r in range(rounds):
+            for key in list(labels) if r % 2 == 0 else list(labels)[::-1]:
+                if key in not_started:
+                    continue
+                server = server_for(key, repo)
+                try:
+                    try:
+                        server.start(READY_TIMEOUT_S)
+                    except ServiceNotReady as exc:
+                        if key == SERVICE:
+                            raise
+                        not_started[key] = str(exc)
+                        print(f"{labels[key]} did not start: {exc}", file=sys.stderr)
+                        continue
+                    ready[key].append(server.ready_s)
+                    if key == SERVICE and key not in answers:
+                        served = server.get_json("/v1/models")["data"][0]
+                        assert served["variant"] == VARIANT, f"the service serves {served['variant']}"
+                        provider = providers(server)
+                    context.setdefault(key, _version_line(server, labels[key]))
+                    answers.setdefault(key, run_async(_answers(server, sample)))
+                    for c in concurrency:
+                        point = closed_loop(server, c, request, duration_s=duration, warmup_s=warmup)
+                        runs[key][c].append(run_async(point))
+                finally:
+                    server.close()
+    points = {
+        key: {c: merge_points(ps) for c, ps in by_c.items()} for key, by_c in runs.items() if key in answers
+    }
+
+    metrics: dict[str, object] = {"model": folder.name, "graph": graph, "duration_s": duration}
+    rows = [
+        "| clients | server | requests/s | vs service | p50 ms | vs service | p99 ms | vs service | errors | "
+        "server cores | client cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in concurrency:
+        for key, by_c in points.items():
+            rows.append(_row(c, key, labels[key], by_c[c], points[SERVICE][c], metrics))
+    top = max(concurrency)
+    checks = []
+    for key in points:
+        if key != SERVICE:
+            value = float(metrics[f"{key}_over_service_rps_c{top}"])  # type: ignore[arg-type]
+            metrics[f"{key}_over_service_{top}"] = value
+            checks.append(
+                Check(f"{labels[key]} / this service, requests/s at {top} clients", value, TARGET, False)
+            )
+    for key, error in not_started.items():
+        metrics[f"{key}_error"] = error.splitlines()[0]
+
+    details = [*rows, ""]
+    for key, found in answers.items():
+        what = "`python -m service`" if key == SERVICE else context[key]
+        starts = ", ".join(f"{t:.1f}" for t in ready[key])
+        agreement = "the reference" if key == SERVICE else _agreement(answers[SERVICE], found)
+        details.append(
+            f"- {labels[key]}: {what}; ready {starts} s after spawn; {len(sample)} texts sent one by one: "
+            f"{agreement}"
+        )
+    details += [
+        f"- {labels[key]} **did not start**: {_first_lines(error)}" for key, error in not_started.items()
+    ]
+    batching = ", ".join(f"{labels[k]} {t:g} ms" for k, t in timeouts.items())
+    details += [
+        "",
+        f"Model `{folder.name}`, its `{VARIANT}` graph `{graph}` in all three servers (the service with "
+        f"MODEL_VARIANT={VARIANT}), intra-op threads {opts.threads or 'one per core'} and 1 inter-op thread; "
+        f"max batch {max_batch} everywhere; batch wait: this service none (batches form while the model "
+        f"computes), {batching}. Peers run under `{display_path(python)}`. One SST-2 validation sentence "
+        f"per request ({len(texts)} in rotation); {rounds} round(s) of {duration:g} s per point after "
+        f"{warmup:g} s of warm-up; one server at a time, each round starting and stopping each in turn (the "
+        "order reversed every other round). 'cores': CPU time of the server's whole process tree over wall time.",
+    ]
+    return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
+
+
+def _row(
+    clients: int, key: str, label: str, p: LoadPoint, service: LoadPoint, metrics: dict[str, object]
+) -> str:
+    """One server's line of the table; its figures (and a peer's ratios to the service's) into ``metrics``."""
+    cells = []
+    for what, value, reference in [
+        ("rps", p.rps, service.rps),
+        ("p50_ms", p.p(50) * 1e3, service.p(50) * 1e3),
+        ("p99_ms", p.p(99) * 1e3, service.p(99) * 1e3),
+    ]:
+        metrics[f"{key}_{what}_c{clients}"] = value
+        if key != SERVICE:
+            metrics[f"{key}_over_service_{what.removesuffix('_ms')}_c{clients}"] = ratio(value, reference)
+        cells += [f"{value:.1f}", "1" if key == SERVICE else f"{ratio(value, reference):.2f}"]
+    metrics[f"{key}_errors_c{clients}"] = p.errors
+    cores = [cores_used(p.server_cpu_s, p.seconds), cores_used(p.client_cpu_s, p.seconds)]
+    return f"| {clients} | {label} | {' | '.join(cells)} | {p.errors} | {' | '.join(cores)} |"
+
+
+def _agreement(reference: list[tuple[str, float]], found: list[tuple[str, float]]) -> str:
+    same = sum(a[0] == b[0] for a, b in zip(reference, found, strict=True))
+    diff = max(abs(a[1] - b[1]) for a, b in zip(reference, found, strict=True))
+    return f"{same}/{len(reference)} labels as the service's, scores within {diff:.1e}"
+
+
+def _first_lines(text: str, n: int = 2) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " / ".join(lines[:n] + (["...", lines[-1]] if len(lines) > n else []))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.modules[__name__]))
