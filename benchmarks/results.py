@@ -74,7 +74,7 @@ def vector_extensions(cpuinfo: str) -> str:
     )
     if "avx512f" in flags:
         return "AVX-512 with VNNI" if "avx512_vnni" in flags else "AVX-512, no VNNI"
-    return f"no AVX-512 ({'AVX2' if 'avx2' in flags else 'no AVX2 either'})"
+    return "AVX2, no AVX-512" if "avx2" in flags else "no AVX2, no AVX-512"
 
 
 def machine_info() -> dict[str, Any]:
