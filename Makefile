@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test-tools image models serve test lint format eval clean-models loadtest bench soak lock audit
+.PHONY: setup test-tools image models serve test lint format eval clean-models loadtest bench bench-peers soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -51,6 +51,15 @@ loadtest: setup
 # Every benchmark, side by side, appended to benchmarks/RESULTS.md (about 15 minutes on 2 cores).
 bench: setup
 	$(PY) benchmarks/run_all.py --models $(MODELS) --json benchmarks/latest.json
+
+# The same classifier behind LitServe and Ray Serve vs this service (benchmarks/README.md, "Peers"): the peers
+# install into a venv of their own, never the service's.
+bench-peers: setup .venv-peers/bin/python
+	$(PY) benchmarks/peers.py --models $(MODELS) --peers-python .venv-peers/bin/python
+
+.venv-peers/bin/python:
+	$(PY) -m venv .venv-peers
+	.venv-peers/bin/pip install -e ".[peers]"
 
 # Ten times the measured capacity for five minutes: the overload contract (README, "Overload and soak").
 soak: setup
