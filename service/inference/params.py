@@ -103,14 +103,11 @@ def sampling_params(**given: Any) -> SamplingParams:
 def decoding_params(**given: Any) -> DecodingParams:
     """``DecodingParams`` (translation) from raw values; ``max_new_tokens`` None: the per-source default."""
     values = _checked(given, {f.name for f in fields(DecodingParams)})
-    params = DecodingParams(**{"beam_size": 1, **values}) if "num_return_sequences" not in values else None
-    if params is None:
-        beams, returns = values.get("beam_size", 1), values["num_return_sequences"]
-        if returns > beams:
-            raise InvalidInputError(
-                f"num_return_sequences ({returns}) must not exceed beam_size ({beams})",
-                "num_return_sequences",
-                "out_of_range",
-            )
-        params = DecodingParams(**values)
-    return params
+    beams, returns = values.get("beam_size", 1), values.get("num_return_sequences", 1)
+    if returns > beams:
+        raise InvalidInputError(
+            f"num_return_sequences ({returns}) must not exceed beam_size ({beams})",
+            "num_return_sequences",
+            "out_of_range",
+        )
+    return DecodingParams(**values)

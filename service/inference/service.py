@@ -61,25 +61,12 @@ Phase = Literal["starting", "ready", "draining", "stopping", "stopped"]
 P = TypeVar("P", bound=ModelPipeline)
 R = TypeVar("R")
 
-NO_CACHE = ResponseCache(None, ttl_s=1.0, prefix="-")
-UNLIMITED = RequestLimits(
-    max_text_chars=10**9,
-    max_context_chars=10**9,
-    max_items=10**9,
-    max_new_tokens=10**9,
-    max_total_new_tokens=10**12,
-    max_image_bytes=10**12,
-    max_image_pixels=10**12,
-    max_body_bytes=10**12,
-)
 # A generation request that names no length gets this many new tokens (at most MAX_NEW_TOKENS).
 DEFAULT_MAX_NEW_TOKENS = 64
 
 
 class InferenceService:
-    def __init__(
-        self, registry: ModelRegistry, cache: ResponseCache = NO_CACHE, limits: RequestLimits = UNLIMITED
-    ) -> None:
+    def __init__(self, registry: ModelRegistry, cache: ResponseCache, limits: RequestLimits) -> None:
         self.registry = registry
         self.cache = cache
         self.limits = limits
@@ -181,7 +168,11 @@ class InferenceService:
     def _texts(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> None:
         self.limits.items(len(texts))
         self.limits.texts(texts)
-        if attention is not None and len(texts) != 1:
+        self._one_input(len(texts), attention)
+
+    @staticmethod
+    def _one_input(count: int, attention: AttentionQuery | None) -> None:
+        if attention is not None and count != 1:
             raise InvalidInputError(
                 "return_attention takes one input, not a batch", "return_attention", "one_input"
             )
@@ -243,10 +234,7 @@ class InferenceService:
         """``images``: PNG/JPEG bytes; an undecodable one is an error naming its index."""
         self.limits.items(len(images))
         self.limits.images(images)
-        if attention is not None and len(images) != 1:
-            raise InvalidInputError(
-                "return_attention takes one input, not a batch", "return_attention", "one_input"
-            )
+        self._one_input(len(images), attention)
         pipeline = self._resolve(ImageClassifier, model)
         k = len(pipeline.labels) if top_k is None else top_k
         return await self._with_attention(

@@ -13,6 +13,7 @@ wraps its call to the core in that mapping::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from types import TracebackType
 
 from service.errors import ServiceError
@@ -34,10 +35,8 @@ class FieldNames:
         return self.names.get(param, param)
 
     def rename(self, exc: ServiceError) -> None:
-        """Once: an error that passed through another mapping already carries the door's name."""
-        if not getattr(exc, "_renamed", False):
-            exc.field = self.field(exc.field, exc.index)
-            exc._renamed = True  # type: ignore[attr-defined]
+        """The door's name for the error's field (a name already the door's passes through unchanged)."""
+        exc.field = self.field(exc.field, exc.index)
 
     def __enter__(self) -> FieldNames:
         return self
@@ -49,8 +48,10 @@ class FieldNames:
             self.rename(exc)
 
 
+@cache
 def one_or_many(single: str, batch: str, is_single: bool, **names: str) -> FieldNames:
-    """The common shape: one input under ``single`` (``text``) or a list under ``batch`` (``texts``)."""
+    """The common shape: one input under ``single`` (``text``) or a list under ``batch`` (``texts``).
+    A mapping holds no state, so each shape is built once and shared by every request."""
     if is_single:
         return FieldNames({"inputs": single}, {"inputs": single, **names})
     return FieldNames({"inputs": f"{batch}[{{i}}]"}, {"inputs": batch, **names})
