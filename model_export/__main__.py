@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch.export"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The exporter's op registry warns, four times per graph, that it skips torchvision's ops
+    # (torchvision is not installed, and no model here uses one).
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     start = time.perf_counter()
 
     if args.command == "variants":
@@ -215,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         for ctx in contexts:
             seed_everything(ctx.seed)  # the same weights whichever other models share the build
             jobs.append(RECIPES[ctx.name].prepare(ctx))
-        estimates = estimate(jobs, export_and_evaluate=args.command == "all")
+        estimates = estimate(
+            jobs,
+            export_and_evaluate=args.command == "all",
+            variants=args.command == "all" and not args.no_variants,
+        )
         print(report(estimates, cpu_model(), threads, args.max_minutes), file=sys.stderr, flush=True)
     built = []
     for i, ctx in enumerate(contexts):

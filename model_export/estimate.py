@@ -2,7 +2,8 @@
 
 Each model's job runs a few optimizer steps on a copy of its model; the
 seconds per step times the step budget is its training time. Export and
-evaluation were timed once on the reference machine (the recipe's
+evaluation, and the variants stage (fused / int8 / fp16 graphs, each checked
+and evaluated), were timed once on the reference machine (the recipe's
 `reference_*` figures) and are scaled by how much slower or faster this
 machine's steps are than the reference's.
 """
@@ -25,6 +26,7 @@ class ModelEstimate:
     seconds_per_step: float
     speed_vs_reference: float | None  # reference seconds per step / ours: 0.5 = half as fast
     other_s: float  # export and evaluation
+    variants_s: float = 0.0  # the variants stage
 
     @property
     def train_s(self) -> float:
@@ -32,10 +34,10 @@ class ModelEstimate:
 
     @property
     def total_s(self) -> float:
-        return self.train_s + self.other_s
+        return self.train_s + self.other_s + self.variants_s
 
 
-def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool) -> list[ModelEstimate]:
+def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool, variants: bool) -> list[ModelEstimate]:
     estimates = []
     for job in jobs:
         seconds = job.seconds_per_step() if job.spec.steps else 0.0  # nothing to train, nothing to time
@@ -43,9 +45,11 @@ def estimate(jobs: Sequence[TrainingJob], export_and_evaluate: bool) -> list[Mod
         reference = recipe.reference_step_s
         speed = reference / seconds if reference else None
         other = float(recipe.reference_other_s) if export_and_evaluate else 0.0
+        variants_s = float(recipe.reference_variants_s) if export_and_evaluate and variants else 0.0
         if speed is not None:
             other /= speed
-        estimates.append(ModelEstimate(job.ctx.name, job.spec.steps, seconds, speed, other))
+            variants_s /= speed
+        estimates.append(ModelEstimate(job.ctx.name, job.spec.steps, seconds, speed, other, variants_s))
         log.info("%s: warm-up %.3f s/step", job.ctx.name, seconds)
     return estimates
 
@@ -58,13 +62,13 @@ def report(estimates: Sequence[ModelEstimate], cpu: str, threads: int, max_minut
     """The table printed before training: per model steps, speed and time; the total; the guard."""
     lines = [
         f"Build estimate on this machine ({cpu}, {threads} torch threads), from a measured warm-up:",
-        f"  {'model':<16}{'steps':>7}{'s/step':>9}{'vs ref':>8}{'train':>11}{'export+eval':>13}",
+        f"  {'model':<16}{'steps':>7}{'s/step':>9}{'vs ref':>8}{'train':>11}{'export+eval':>13}{'variants':>10}",
     ]
     for e in estimates:
         speed = f"{e.speed_vs_reference:.2f}x" if e.speed_vs_reference else "-"
         lines.append(
             f"  {e.name:<16}{e.steps:>7}{e.seconds_per_step:>9.3f}{speed:>8}"
-            f"{_minutes(e.train_s):>11}{_minutes(e.other_s):>13}"
+            f"{_minutes(e.train_s):>11}{_minutes(e.other_s):>13}{_minutes(e.variants_s):>10}"
         )
     total = sum(e.total_s for e in estimates)
     lines.append(f"  total: about {_minutes(total)} (a busy machine takes longer and builds the same models)")

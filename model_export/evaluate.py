@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,8 @@ from service.pipelines.translate import prepare_source
 from . import scoring
 from .data import (
     SST2_LABELS,
+    SquadExample,
+    TaggedSentence,
     load_conll,
     load_fashion_mnist,
     load_multi30k,
@@ -43,6 +46,10 @@ from .data import (
 )
 
 log = logging.getLogger(__name__)
+
+# A graph's forward pass: feeds by input name -> its outputs in order (an ONNX Runtime graph's `run`,
+# or a torch module's during training, `probes.torch_run`).
+Run = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 
 METRIC_KEYS = {
     "translator": ["bleu", "chrf"],
@@ -118,27 +125,49 @@ def _encoder(model: LoadedModel) -> tuple[Tokenizer, int, int]:
 
 def evaluate_classifier(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     rows = _limit(load_sst2(data_dir, split), limit)
-    tok, max_len, pad = _encoder(model)
+    return {"accuracy": classifier_accuracy(model.graphs["model"].run, *_encoder(model), rows)}
+
+
+def classifier_accuracy(
+    run: Run, tok: Tokenizer, max_len: int, pad: int, rows: list[tuple[str, int]]
+) -> float:
+    """The share of (text, label) rows whose argmax logit is the label, through ``run``."""
     encoded = [truncate(e.ids, max_len) for e in tok.encode_batch([t for t, _ in rows])]
     correct = 0
     for chunk in _batches(len(rows), 64):
-        logits = model.graphs["model"].run(pad_batch([encoded[i] for i in chunk], pad))[0]
+        logits = run(pad_batch([encoded[i] for i in chunk], pad))[0]
         correct += int((logits.argmax(-1) == np.array([rows[i][1] for i in chunk])).sum())
-    return {"accuracy": correct / len(rows)}
+    return correct / len(rows)
 
 
 def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     examples = _limit(load_squad(data_dir, split), limit)
-    tok, max_len, pad = _encoder(model)
     qa = required(model.manifest.qa)
+    spans = QaSpans(qa.stride, qa.max_question_length, qa.max_answer_length)
+    return qa_scores(model.graphs["model"].run, *_encoder(model), spans, examples)
+
+
+@dataclass(frozen=True)
+class QaSpans:
+    """How a QA head reads a context: windows of the head's length by ``stride``, and its longest answer."""
+
+    stride: int
+    max_question_length: int
+    max_answer_length: int
+
+
+def qa_scores(
+    run: Run, tok: Tokenizer, max_len: int, pad: int, spans: QaSpans, examples: list[SquadExample]
+) -> dict:
+    """SQuAD exact match and F1 (0-100) over ``examples``, with the service's windows and span search."""
     predictions: dict[str, str] = {}
     windows_total = 0
     for ex in examples:
-        windows = qa_windows(tok, ex.question, ex.context, max_len, qa.stride, qa.max_question_length)
+        windows = qa_windows(tok, ex.question, ex.context, max_len, spans.stride, spans.max_question_length)
         windows_total += len(windows)
         feeds = pad_batch([w.input_ids for w in windows], pad, [w.token_type_ids for w in windows])
-        start_logits, end_logits = model.graphs["model"].run(feeds)
-        span = best_span(windows, list(start_logits), list(end_logits), qa.max_answer_length)
+        start_logits, end_logits = run(feeds)
+        span = best_span(windows, list(start_logits), list(end_logits), spans.max_answer_length)
         predictions[ex.id] = ex.context[span.start : span.end] if span else ""
     scores = scoring.squad_scores(predictions, examples)
     return {**scores, "windows": windows_total}
@@ -146,13 +175,19 @@ def evaluate_qa(model: LoadedModel, data_dir: Path, split: str, limit: int | Non
 
 def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     sentences = _limit(load_conll(data_dir, split), limit)
-    tok, max_len, pad = _encoder(model)
     labels = required(model.manifest.labels)
+    return tagger_scores(model.graphs["model"].run, *_encoder(model), labels, sentences)
+
+
+def tagger_scores(
+    run: Run, tok: Tokenizer, max_len: int, pad: int, labels: list[str], sentences: list[TaggedSentence]
+) -> dict:
+    """Entity F1, precision and recall over ``sentences``: each word tagged from its first sub-token."""
     encodings = [tok.encode(s.tokens, is_pretokenized=True) for s in sentences]
     predicted: list[list[str]] = []
     for chunk in _batches(len(sentences), 64):
         rows = [truncate(encodings[i].ids, max_len) for i in chunk]
-        logits = model.graphs["model"].run(pad_batch(rows, pad))[0]
+        logits = run(pad_batch(rows, pad))[0]
         for j, i in enumerate(chunk):
             word_ids = encodings[i].word_ids[: len(rows[j])]
             tags, _ = word_predictions(logits[j, : len(rows[j])], word_ids, labels)
@@ -205,36 +240,45 @@ def evaluate_embedder(model: LoadedModel, data_dir: Path, split: str, limit: int
 
 
 def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
-    """Bits per character: summed token NLL over the text / characters those tokens cover.
-
-    Sliding windows of the model's context length, each scoring only the
-    tokens the previous window did not, so every token but the first is
-    predicted with as much context as fits.
-    """
     text = load_tinyshakespeare(data_dir, split)
     if limit is not None:
         text = text[:limit]
     tok = model.tokenizer
     assert tok is not None
-    enc = tok.encode(text)
-    ids = np.array(enc.ids, dtype=np.int64)
-    window = required(model.manifest.max_sequence_length)
-    stride = window // 2
     layout = CacheLayout.of(required(model.manifest.kv_cache))
     empty = dict(zip(layout.past_names, layout.empty(1), strict=True))
+
+    def logits(chunk: np.ndarray) -> np.ndarray:
+        feeds = {
+            "input_ids": chunk[None, :],
+            "attention_mask": np.ones((1, len(chunk)), dtype=np.int64),
+            "position_ids": np.arange(len(chunk), dtype=np.int64)[None, :],
+            **empty,
+        }
+        return model.graphs["model"].run(feeds, ["logits"])[0][0]
+
+    return text_bits_per_char(logits, tok, text, required(model.manifest.max_sequence_length))
+
+
+def text_bits_per_char(
+    logits: Callable[[np.ndarray], np.ndarray], tok: Tokenizer, text: str, window: int
+) -> dict:
+    """Bits per character: summed token NLL over the text / characters those tokens cover.
+
+    ``logits(ids)`` scores one window of token ids, (T,) -> (T, V). Sliding windows of
+    ``window`` tokens, each scoring only the tokens the previous window did not, so every token
+    but the first is predicted with as much context as fits.
+    """
+    enc = tok.encode(text)
+    ids = np.array(enc.ids, dtype=np.int64)
+    stride = window // 2
     nll, scored_from = 0.0, 1
     starts = list(range(0, max(1, len(ids) - 1), stride))
     for start in starts:
         chunk = ids[start : start + window]
         if len(chunk) < 2:
             break
-        feeds = {
-            "input_ids": chunk[None, :],
-            "attention_mask": np.ones((1, len(chunk)), dtype=np.int64),
-            "position_ids": np.arange(len(chunk), dtype=np.int64)[None, :],
-            **{k: v for k, v in empty.items()},
-        }
-        lp = logprobs(model.graphs["model"].run(feeds, ["logits"])[0][0])  # (T, V)
+        lp = logprobs(logits(chunk))  # (T, V)
         targets = np.arange(start + 1, start + len(chunk))  # absolute positions predicted here
         fresh = targets >= scored_from
         rows = targets[fresh] - start - 1

@@ -10,10 +10,11 @@ model; a slower one only takes longer. The default budgets were calibrated so
 that a default build meets every validation target with margin, and finishes
 within an hour on a 2-core AVX2-only CPU (README, "Model quality").
 
-`reference_step_s` and `reference_other_s` are what one step, and export plus
-evaluation, took in the README's clean build (2-core AMD EPYC with PyTorch held
-to AVX2 kernels): the build estimate scales the latter by how this machine's
-measured warm-up compares with the former. They inform the estimate only; they
+`reference_step_s`, `reference_other_s` and `reference_variants_s` are what one
+step, export plus evaluation, and the variants stage took in the README's clean
+build (2-core AMD EPYC with PyTorch held to AVX2 kernels): the build estimate
+scales the latter two by how this machine's measured warm-up compares with the
+first. They inform the estimate only; they
 never change what is trained.
 
 Data sizes (`train_pairs`, `train_examples`, `train_chars`, `eval_limit`) of
@@ -43,8 +44,13 @@ class Recipe:
 
     train: TrainSpec
     eval_limit: int | None = None  # validation examples the build scores (characters for gpt)
+    # The validation metric measured during training (training.Probe): at this many evenly spaced
+    # steps, on the first `probe_limit` validation examples (None: as many as `eval_limit`).
+    probe_points: int = 6
+    probe_limit: int | None = None
     reference_step_s: float | None = None
     reference_other_s: float = 0.0
+    reference_variants_s: float = 0.0
 
     def with_steps(self, steps: int) -> Recipe:
         """The same recipe for `steps` optimizer steps; its warmup is capped at a fifth of them."""
@@ -125,6 +131,7 @@ class VitRecipe(Recipe):
     train_examples: int | None
     batch_size: int
     hflip: bool
+    crop_padding: int  # random crops of the image padded by this many pixels (0: none)
     label_smoothing: float
 
 
@@ -164,6 +171,7 @@ _TRANSLATOR = TranslatorRecipe(
     # source within a few hundred steps; 1,000 steps reached BLEU 31.4.
     train=TrainSpec(steps=650, lr=0.001, warmup_steps=100, weight_decay=0.01),
     beam_size=4,
+    probe_limit=300,
     reference_step_s=0.903,
     reference_other_s=67,
 )
@@ -192,6 +200,7 @@ _BERT_QA = BertQaRecipe(
     train_examples=None,
     batch_size=8,
     train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    probe_limit=300,
     reference_step_s=0.554,
     reference_other_s=70,
 )
@@ -203,6 +212,7 @@ _BERT_TAGGER = BertHeadRecipe(
     train_examples=None,
     batch_size=32,
     train=TrainSpec(steps=350, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    probe_limit=1000,
     reference_step_s=0.357,
     reference_other_s=38,
 )
@@ -225,6 +235,7 @@ _GPT = GptRecipe(
     train_chars=None,
     batch_size=8,
     train=TrainSpec(steps=850, lr=0.002, warmup_steps=100, weight_decay=0.1),
+    probe_limit=30_000,
     reference_step_s=0.499,
     reference_other_s=13,
 )
@@ -236,6 +247,7 @@ _VIT = VitRecipe(
     # A few epochs only: mirrored images and label smoothing slowed learning more than they
     # regularised (0.873 with both, 0.883 without, at 1,500 steps).
     hflip=False,
+    crop_padding=0,
     label_smoothing=0.0,
     train=TrainSpec(steps=2200, lr=2e-3, warmup_steps=200, weight_decay=0.05),
     reference_step_s=0.107,
@@ -255,7 +267,15 @@ DEFAULT: dict[str, Recipe] = {
 
 def _tiny(default: R, **changes: Any) -> R:
     """``default`` with ``changes``, and no reference timings: those describe the default build."""
-    return dataclasses.replace(default, reference_step_s=None, reference_other_s=0.0, **changes)
+    return dataclasses.replace(
+        default,
+        reference_step_s=None,
+        reference_other_s=0.0,
+        reference_variants_s=0.0,
+        probe_points=2,
+        probe_limit=None,
+        **changes,
+    )
 
 
 # The tiny profile: every model in seconds, for tests. It states only what differs from the default.

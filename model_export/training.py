@@ -6,6 +6,11 @@ the step alone. A slower or busier machine therefore takes longer and builds
 the same model; it never builds a worse one. The only thing measured in
 seconds is the optional guard `deadline_s` (`--max-minutes`), which stops a
 run early and marks the result as under-trained.
+
+A `Probe` measures the model's validation metric at a few evenly spaced steps
+(in eval mode, on its own RNG stream, so the weights are those of a run
+without it): the quality-against-steps curve that shows where each model
+stands on its curve, written beside the loss curve.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +44,9 @@ class TrainSpec:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     min_lr_ratio: float = 0.05
+    # Layer-wise learning-rate decay for fine-tuning a pretrained stack: each layer's rate is this
+    # factor times the one above it (the head gets the full rate, the embeddings the least); 1.0: off.
+    layer_decay: float = 1.0
     device: str = "cpu"
     deadline_s: float | None = None  # wall-clock guard (seconds from the start of this run); None = none
 
@@ -52,6 +61,21 @@ class TrainSpec:
         )
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A model's validation metric, measured on the torch module during training."""
+
+    metric: str
+    measure: Callable[[nn.Module], float]  # called in eval mode under torch.no_grad()
+    examples: str  # what it scores, for the plot and the manifest
+    higher_is_better: bool = True
+    target: float | None = None
+
+    def steps(self, total: int, points: int) -> list[int]:
+        """``points`` evenly spaced steps of ``total``, the last one included."""
+        return sorted({max(1, round(total * k / points)) for k in range(1, points + 1)}) if points else []
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -62,6 +86,8 @@ class TrainResult:
     unit: str
     final_loss: float
     losses: list[float] = field(default_factory=list)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, probe value)
+    probe: dict[str, Any] | None = None  # the probe's metric, examples and seconds
 
     @property
     def under_trained(self) -> bool:
@@ -77,6 +103,11 @@ class TrainResult:
             f"{self.unit}_seen": self.units,
             f"{self.unit}_per_second": round(self.units / max(self.seconds, 1e-9), 1),
             "final_loss": round(self.final_loss, 4) if self.steps else None,  # no steps, no loss (not NaN)
+            **(
+                {"validation_curve": {**self.probe, "points": [[s, round(v, 4)] for s, v in self.curve]}}
+                if self.probe is not None
+                else {}
+            ),
         }
 
 
@@ -93,21 +124,46 @@ def configure_threads() -> int:
     return threads
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases, norms and embeddings-as-vectors (the usual AdamW practice)."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _depth(name: str, layers: int) -> int:
+    """0 for embeddings, i + 1 for the stack's layer i, layers + 1 for everything above (the head)."""
+    if "embeddings." in name:
+        return 0
+    match = _LAYER.search(name)
+    return int(match.group(1)) + 1 if match else layers + 1
+
+
+def _param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
+    """No weight decay on biases, norms and embeddings-as-vectors (the usual AdamW practice).
+
+    With ``layer_decay`` below 1, each group also carries its ``lr_scale``: ``layer_decay`` to the
+    power of its distance from the head.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    layers = 1 + max((int(m.group(1)) for n, _ in named if (m := _LAYER.search(n))), default=-1)
+    groups: dict[tuple[int, bool], list[nn.Parameter]] = {}
     seen: set[int] = set()
-    for _name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
+    for name, p in named:
+        if id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        depth = _depth(name, layers) if layer_decay != 1.0 else 0
+        groups.setdefault((depth, p.dim() >= 2), []).append(p)
+    return [
+        {
+            "params": params,
+            "weight_decay": weight_decay if decays else 0.0,
+            "lr_scale": layer_decay ** (layers + 1 - depth) if layer_decay != 1.0 else 1.0,
+        }
+        for (depth, decays), params in sorted(groups.items(), key=lambda item: (not item[0][1], item[0][0]))
+    ]
 
 
 def optimizer_for(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(_param_groups(model, spec.weight_decay), lr=spec.lr, betas=(0.9, 0.98), eps=1e-8)
+    groups = _param_groups(model, spec.weight_decay, spec.layer_decay)
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.98), eps=1e-8)
 
 
 def train_step(
@@ -120,7 +176,7 @@ def train_step(
 ) -> tuple[float, int, int]:
     """One optimizer step at learning rate `lr`: (loss, examples, units)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_scale"]
     loss, n_examples, n_units = loss_fn(model, to_device(batch, spec.device))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -138,11 +194,15 @@ def train(
     desc: str,
     unit: str = "tokens",
     curve_path: Path | None = None,
+    probe: Probe | None = None,
+    probe_points: int = 0,
 ) -> TrainResult:
     """Train for `spec.steps` optimizer steps (fewer only if the `deadline_s` guard fires).
 
     `loss_fn(model, batch)` returns (loss, examples in the batch, units in the
     batch) where units are what throughput is counted in (tokens, images).
+    `probe` is measured after each of `probe_points` evenly spaced steps; its
+    time is not training time (`seconds` and the rates leave it out).
     """
     model.to(spec.device).train()
     optimizer = optimizer_for(model, spec)
@@ -158,8 +218,11 @@ def train(
         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
     )
     ema = None
+    probe_at = set(probe.steps(spec.steps, probe_points)) if probe is not None else set()
+    curve: list[tuple[int, float]] = []
+    probe_s = 0.0
     while step < spec.steps:
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - probe_s
         if spec.deadline_s is not None and step > 0 and elapsed >= spec.deadline_s:  # at least one step
             log.warning(
                 "%s: the --max-minutes guard stopped training after %d of %d steps (%.0f s): "
@@ -177,21 +240,53 @@ def train(
         units += n_units
         losses.append(value)
         ema = value if ema is None else 0.98 * ema + 0.02 * value
+        if probe is not None and step in probe_at:
+            probe_start = time.perf_counter()
+            curve.append((step, _measure(model, probe)))
+            probe_s += time.perf_counter() - probe_start
+        shown = {probe.metric: f"{curve[-1][1]:.4g}"} if probe is not None and curve else {}
         bar.set_postfix(
             loss=f"{ema:.3f}",
             lr=f"{lr:.1e}",
-            **{f"{unit}/s": f"{units / (time.perf_counter() - start):.0f}"},
+            **{f"{unit}/s": f"{units / max(time.perf_counter() - start - probe_s, 1e-9):.0f}"},
+            **shown,
             refresh=False,
         )
         bar.update(1)
     bar.close()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - probe_s
     model.cpu().eval()  # export and checkpoints work on CPU tensors
     tail = losses[-50:] or [float("nan")]
     result = TrainResult(step, spec.steps, seconds, examples, units, unit, float(np.mean(tail)), losses)
+    if probe is not None and curve:
+        result.curve = curve
+        result.probe = {
+            "metric": probe.metric,
+            "examples": probe.examples,
+            "target": probe.target,
+            "seconds": round(probe_s, 1),
+        }
+        log.info(
+            "%s: %s on %s by step: %s",
+            desc,
+            probe.metric,
+            probe.examples,
+            ", ".join(f"{s}: {v:.4g}" for s, v in curve),
+        )
     if curve_path is not None and losses:  # a model trained no further (the embedder) has no curve
         save_curve(losses, curve_path, desc)
+        if curve:
+            save_validation_curve(curve, curve_path.with_name("validation_curve.png"), desc, probe)
     return result
+
+
+def _measure(model: nn.Module, probe: Probe) -> float:
+    """The probe on the model in eval mode, leaving its mode and the global RNG as they were."""
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        value = float(probe.measure(model))
+    model.train()
+    return value
 
 
 def to_device(batch: Any, device: str) -> Any:
@@ -222,6 +317,35 @@ def save_curve(losses: list[float], path: Path, title: str) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def save_validation_curve(
+    curve: list[tuple[int, float]], path: Path, title: str, probe: Probe | None
+) -> None:
+    """The validation metric at the probed steps (and its target, where there is one), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert probe is not None
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    steps, values = zip(*curve, strict=True)
+    ax.plot(steps, values, marker="o", linewidth=1.8, label=probe.metric)
+    for s, v in curve:
+        ax.annotate(f"{v:.3g}", (s, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    if probe.target is not None:
+        ax.axhline(
+            probe.target, color="tab:red", linestyle="--", linewidth=1, label=f"target {probe.target:g}"
+        )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(probe.metric)
+    ax.set_title(f"{title}: {probe.metric} on {probe.examples}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -60,8 +60,10 @@ def test_manifest_is_complete_and_consistent(tiny_models: Path, name: str) -> No
     assert manifest["export"]["parity_max_abs_diff"] < 1e-3
     if manifest["training"]["planned_steps"]:  # bert-embedder trains nothing, so it has no curve
         assert (tiny_models / name / "training_curve.png").stat().st_size > 1000
+        assert (tiny_models / name / "validation_curve.png").stat().st_size > 1000
     else:
         assert manifest["training"]["curve"] is None
+        assert "validation_curve" not in manifest["training"]
     assert set(METRIC_KEYS[name]) <= set(manifest["validation"]["validation"])
     if manifest["task"] in ("text-generation", "translation"):
         kv = manifest["kv_cache"]
@@ -73,6 +75,31 @@ def test_manifest_is_complete_and_consistent(tiny_models: Path, name: str) -> No
         outputs = [t.name for t in decoder.outputs]
         assert typed.kv_cache.past_names == [n for n in inputs if n.startswith("past_")]
         assert typed.kv_cache.present_names == [n for n in outputs if n.startswith("present_")]
+
+
+# The probe's metric scores the same examples as the build's evaluation in the tiny profile (greedy
+# translation included: its evaluation decodes with beam 1), so torch's figure and the ONNX one agree.
+PROBED = {
+    "translator": "bleu",
+    "bert-classifier": "accuracy",
+    "bert-qa": "f1",
+    "bert-tagger": "entity_f1",
+    "gpt": "bits_per_char",
+    "vit": "accuracy",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBED))
+def test_validation_curve_ends_at_the_onnx_evaluation(tiny_models: Path, name: str) -> None:
+    """The last probe point (torch, during training) equals the ONNX Runtime evaluation of the export."""
+    manifest = json.loads((tiny_models / name / "manifest.json").read_text())
+    curve = manifest["training"]["validation_curve"]
+    steps = manifest["training"]["steps"]
+    assert curve["metric"] == PROBED[name]
+    assert [s for s, _ in curve["points"]] == [steps // 2, steps]  # the tiny profile's two points
+    figure = manifest["validation"]["validation"][PROBED[name]]
+    tolerance = 0.5 if name == "translator" else 2e-3  # BLEU, 0-100: a step limit may end a row apart
+    assert curve["points"][-1][1] == pytest.approx(figure, abs=tolerance), (curve, figure)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

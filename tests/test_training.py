@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from model_export.recipes.common import Trained
-from model_export.training import TrainSpec
+from model_export.training import Probe, TrainResult, TrainSpec, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +45,42 @@ def test_learning_rate_is_a_function_of_the_step_alone() -> None:
     rates = [spec.learning_rate(step) for step in range(100, 1000)]
     assert all(a >= b for a, b in itertools.pairwise(rates))  # decays monotonically after warmup
     assert spec.learning_rate(1000) == pytest.approx(5e-5)  # ends at min_lr_ratio, on the last step
+
+
+def test_probes_measure_without_changing_what_is_trained() -> None:
+    """A probe runs in eval mode on its own RNG stream: the weights equal a run without it."""
+
+    def run(probe: Probe | None) -> tuple[TrainResult, torch.nn.Module]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        generator = torch.Generator().manual_seed(1)
+
+        def batches():  # type: ignore[no-untyped-def]
+            while True:
+                yield torch.randn(16, 4, generator=generator)
+
+        def loss_fn(m, x):  # type: ignore[no-untyped-def]
+            return (m(x) - x.sum(1, keepdim=True)).pow(2).mean(), len(x), len(x)
+
+        spec = TrainSpec(steps=30, lr=1e-2, warmup_steps=3)
+        return train(model, batches(), loss_fn, spec, "probe", "rows", None, probe, 3), model
+
+    seen_modes: list[bool] = []
+
+    def measure(m: torch.nn.Module) -> float:
+        seen_modes.append(m.training)
+        torch.rand(100)  # a probe that draws from the global RNG must not shift the run's dropout
+        return float(m(torch.ones(1, 4)).item())
+
+    probed, a = run(Probe("output", measure, "one input"))
+    plain, b = run(None)
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+    assert [s for s, _ in probed.curve] == [10, 20, 30] and seen_modes == [False] * 3
+    assert probed.curve[-1][1] == pytest.approx(float(b.eval()(torch.ones(1, 4)).item()))
+    assert plain.curve == [] and "validation_curve" not in plain.summary()
+    assert probed.summary()["validation_curve"]["points"][0][0] == 10
 
 
 def state(path: Path) -> dict[str, torch.Tensor]:

@@ -35,7 +35,8 @@ from ..models.bert import (
 )
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import BertEmbedderRecipe, BertHeadRecipe, BertQaRecipe
-from ..training import TrainResult, infinite
+from ..training import Probe, TrainResult, infinite
+from . import probes
 from .bert_encoder import IGNORE, PreparedEncoder, prepare_encoder
 from .common import BuildContext, LossFn, Trained, TrainingJob
 from .signatures import BERT_INPUTS, bert_feed
@@ -101,6 +102,7 @@ def _head_job(
     loss_fn: LossFn,
     prepared: PreparedEncoder,
     finish: Callable[[TrainResult], Trained],
+    probe: Probe,
 ) -> TrainingJob:
     """`epoch(e)` yields epoch e's batches in an order seeded by e (the job offsets e by its seed)."""
     set_dropout(model, ctx.recipe.dropout)
@@ -117,7 +119,7 @@ def _head_job(
     def batches(seed: int) -> Iterator[Any]:
         return infinite(lambda e: epoch(seed + e))
 
-    return TrainingJob(ctx, model, batches, loss_fn, "tokens", finish_with_curves)
+    return TrainingJob(ctx, model, batches, loss_fn, "tokens", finish_with_curves, probe)
 
 
 def prepare_classifier(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
@@ -154,7 +156,8 @@ def prepare_classifier(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
         training = {"data": "sst2/train.tsv", "train_examples": len(rows)}
         return Trained(ctx.name, model, tok, manifest, training, result)
 
-    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
+    probe = probes.classifier(ctx.name, recipe, ctx.data_dir, tok, pad)
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish, probe)
 
 
 def prepare_qa(ctx: BuildContext[BertQaRecipe]) -> TrainingJob:
@@ -219,7 +222,8 @@ def prepare_qa(ctx: BuildContext[BertQaRecipe]) -> TrainingJob:
         }
         return Trained(ctx.name, model, tok, manifest, training, result)
 
-    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
+    probe = probes.qa(ctx.name, recipe, ctx.data_dir, tok, pad)
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish, probe)
 
 
 def encode_tagged(
@@ -277,7 +281,8 @@ def prepare_tagger(ctx: BuildContext[BertHeadRecipe]) -> TrainingJob:
         training = {"data": "conll2003/train.txt", "train_sentences": len(sentences)}
         return Trained(ctx.name, model, tok, manifest, training, result)
 
-    return _head_job(ctx, model, epoch, loss_fn, prepared, finish)
+    probe = probes.tagger(ctx.name, recipe, ctx.data_dir, tok, pad, CONLL_LABELS)
+    return _head_job(ctx, model, epoch, loss_fn, prepared, finish, probe)
 
 
 def prepare_embedder(ctx: BuildContext[BertEmbedderRecipe]) -> TrainingJob:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from ..profiles import Recipe
-from ..training import TrainResult, TrainSpec, optimizer_for, train, train_step
+from ..training import Probe, TrainResult, TrainSpec, optimizer_for, train, train_step
 
 R = TypeVar("R", bound=Recipe)
 
@@ -86,6 +86,7 @@ class TrainingJob:
     loss_fn: LossFn
     unit: str
     finish: Callable[[TrainResult], Trained]
+    probe: Probe | None = None  # the validation metric measured at the recipe's probe points
     spec: TrainSpec = field(init=False)  # the recipe's; the --max-minutes guard gives it a deadline
 
     def __post_init__(self) -> None:
@@ -100,6 +101,8 @@ class TrainingJob:
             self.ctx.name,
             self.unit,
             self.ctx.work_dir / "training_curve.png",
+            self.probe,
+            self.ctx.recipe.probe_points,
         )
         return self.finish(result)
 

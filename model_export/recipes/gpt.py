@@ -17,6 +17,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import GptRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult
+from . import probes
 from .common import BuildContext, Trained, TrainingJob
 from .signatures import DECODER_TOKEN_AXES, kv_cache_layout, past_names
 
@@ -85,6 +86,7 @@ def prepare(ctx: BuildContext[GptRecipe]) -> TrainingJob:
         loss_fn,
         "tokens",
         lambda r: _finish(ctx, model, tokenizer, len(text), len(ids), r),
+        probes.gpt(ctx.name, recipe, ctx.data_dir, tokenizer, config.max_len),
     )
 
 

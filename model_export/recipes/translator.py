@@ -18,6 +18,7 @@ from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import TranslatorRecipe
 from ..tokenization import train_byte_level_bpe
 from ..training import TrainResult, infinite
+from . import probes
 from .common import BuildContext, Trained, TrainingJob
 from .signatures import DECODER_TOKEN_AXES, kv_cache_layout, past_names
 
@@ -118,6 +119,7 @@ def prepare(ctx: BuildContext[TranslatorRecipe]) -> TrainingJob:
         loss_fn,
         "target_tokens",
         lambda r: _finish(ctx, model, config, tokenizer, len(pairs), r),
+        probes.translator(ctx.name, recipe, ctx.data_dir, tokenizer, (PAD, BOS, EOS)),
     )
 
 

@@ -15,6 +15,7 @@ from ..models.vit import ViT
 from ..onnx_export import GraphSpec, auto_dims
 from ..profiles import VitRecipe
 from ..training import TrainResult, infinite
+from . import probes
 from .common import BuildContext, Trained, TrainingJob
 
 
@@ -31,20 +32,21 @@ def prepare(ctx: BuildContext[VitRecipe]) -> TrainingJob:
     )
     model = ViT(config)
     batch_size = recipe.batch_size
+    background = -mean / std  # a black pixel, normalised
 
     def epoch(seed: int, e: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed + e))
         for i in range(0, len(order) - batch_size + 1, batch_size):
             idx = order[i : i + batch_size]
             x = pixels[idx]
-            flip = (
-                torch.rand(len(idx), generator=torch.Generator().manual_seed(seed * 7919 + e * 1000 + i))
-                < 0.5
-            )
+            generator = torch.Generator().manual_seed(seed * 7919 + e * 1000 + i)
+            flip = torch.rand(len(idx), generator=generator) < 0.5
             if recipe.hflip:
                 x = torch.where(
                     flip[:, None, None, None], x.flip(-1), x
                 )  # clothes stay clothes when mirrored
+            if recipe.crop_padding:
+                x = random_crops(x, recipe.crop_padding, background, generator)
             yield x, targets[idx]
 
     def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -61,7 +63,17 @@ def prepare(ctx: BuildContext[VitRecipe]) -> TrainingJob:
         loss_fn,
         "images",
         lambda r: _finish(ctx.name, recipe, model, mean, std, len(pixels), r),
+        probes.vit(ctx.name, recipe, ctx.data_dir, mean, std),
     )
+
+
+def random_crops(x: torch.Tensor, padding: int, fill: float, generator: torch.Generator) -> torch.Tensor:
+    """Each image shifted by up to ``padding`` pixels each way: padded with ``fill``, cropped back at random."""
+    b, c, h, w = x.shape
+    padded = torch.full((b, c, h + 2 * padding, w + 2 * padding), fill, dtype=x.dtype)
+    padded[:, :, padding : padding + h, padding : padding + w] = x
+    offsets = torch.randint(0, 2 * padding + 1, (b, 2), generator=generator).tolist()
+    return torch.stack([padded[k, :, dy : dy + h, dx : dx + w] for k, (dy, dx) in enumerate(offsets)])
 
 
 def _finish(
@@ -94,7 +106,11 @@ def _finish(
     training = {
         "data": "fashion_mnist/train-*",
         "train_images": train_images,
-        "augmentation": "horizontal flip" if recipe.hflip else None,
+        "augmentation": ", ".join(
+            (["horizontal flip"] if recipe.hflip else [])
+            + ([f"random crop, {recipe.crop_padding}-pixel padding"] if recipe.crop_padding else [])
+        )
+        or None,
         "label_smoothing": recipe.label_smoothing,
     }
     return Trained(name, model, None, manifest, training, result)
