@@ -255,33 +255,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "all" and built:
         limits = {ctx.name: ctx.recipe.eval_limit for ctx in built}
         beam = max((c.recipe.beam_size for c in built if isinstance(c.recipe, TranslatorRecipe)), default=1)
-        results = _evaluate(
-            Path(args.out), [c.name for c in built], built[0].data_dir, "validation", limits, beam
-        )
-        if not args.no_variants:
-            from .variants import build_variants
-
-            for ctx in built:
-                limit = ctx.recipe.eval_limit
-                folder = Path(args.out) / ctx.name
-                exported = (folder / "manifest.json").read_text()
-                try:
-                    build_variants(Path(args.out), ctx.name, ctx.data_dir, "validation", limit, beam)
-                except Exception:  # an optimization, not the model: keep the exported, checked folder
-                    log.exception("%s: the variants stage failed; it serves its reference graphs", ctx.name)
-                    (folder / "manifest.json").write_text(exported)
-                    for variant in ("fused", "int8", "fp16"):
-                        for file in folder.glob(f"*.{variant}.onnx"):
-                            file.unlink()
-                    continue
-                results[ctx.name] = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())[
-                    "validation"
-                ]["validation"]  # the same figures, stamped with the version that lists the variants
+        figures: dict[str, Any] = {}
+        for ctx in built:
+            # The variants stage evaluates the reference graphs beside its own (and stamps the figures
+            # with the version that lists the variants): evaluated here only where it does not run.
+            if args.no_variants or not _variants(Path(args.out), ctx, beam):
+                figures |= _evaluate(Path(args.out), [ctx.name], ctx.data_dir, "validation", limits, beam)
+            else:
+                manifest = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())
+                figures[ctx.name] = manifest["validation"]["validation"]
         summary = Path(args.out) / "evaluation.json"
         previous = json.loads(summary.read_text()) if summary.is_file() else {}
-        _write_json(str(summary), {**previous, **results})  # a partial rebuild keeps the others' figures
+        _write_json(str(summary), {**previous, **figures})  # a partial rebuild keeps the others' figures
     log.info("%s finished in %.1f minutes", args.command, (time.perf_counter() - start) / 60)
     return 0
+
+
+def _variants(models_dir: Path, ctx: Any, beam: int) -> bool:
+    """The variants stage for one exported model; False (its checked reference folder kept) if it failed."""
+    from .variants import build_variants
+
+    folder = models_dir / ctx.name
+    exported = (folder / "manifest.json").read_text()
+    try:
+        build_variants(models_dir, ctx.name, ctx.data_dir, "validation", ctx.recipe.eval_limit, beam)
+    except Exception:  # an optimization, not the model: keep the exported, checked folder
+        log.exception("%s: the variants stage failed; it serves its reference graphs", ctx.name)
+        (folder / "manifest.json").write_text(exported)
+        for variant in ("fused", "int8", "fp16"):
+            for file in folder.glob(f"*.{variant}.onnx"):
+                file.unlink()
+        return False
+    return True
 
 
 def _write_json(path: str | None, results: dict[str, Any]) -> None:

@@ -289,6 +289,27 @@ def _rule(
     }
 
 
+def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
+    """The rule's answer for a variant whose rows depend on their batch: not served, so not evaluated.
+
+    The build's time goes to what can be served: a validation pass (a minute for the translator's beams
+    on the slow CPU class) would not change the answer.
+    """
+    metric, tolerance, _ = RULES[task]
+    return {
+        "metric": metric,
+        "tolerance": tolerance,
+        "validation": None,
+        "batch_max_abs_diff": batch_diff,
+        "serve_by_default": False,
+        "reason": (
+            f"not evaluated: a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
+            f"(> {BATCH_TOLERANCE:g}: dynamic quantization scales activations per batch), so answers "
+            "would depend on other requests"
+        ),
+    }
+
+
 def _save(folder: Path, manifest: dict[str, Any]) -> None:
     Manifest.model_validate(manifest)  # the contract, before the service ever sees it
     import json
@@ -369,6 +390,10 @@ def build_variants(
                     f" (on ONNX Runtime's CPU provider its outputs differ from the reference's by at most "
                     f"{record['parity_max_abs_diff']:.2g} on the probe inputs)"
                 )
+            continue
+        if record["batch_max_abs_diff"] > BATCH_TOLERANCE:  # refused by the rule whatever its accuracy
+            record.update(_batch_refusal(manifest["task"], record["batch_max_abs_diff"]))
+            log.info("%s %s: %s", name, variant, record["reason"])
             continue
         measured = evaluate_model(
             models_dir,

@@ -130,10 +130,14 @@ def test_the_accuracy_rule_is_recorded_as_measured(tiny_models: Path, name: str)
     for variant_name in ("fused", "int8"):
         v = manifest["variants"][variant_name]
         assert v["metric"] == metric and v["tolerance"] == tolerance
+        assert np.isfinite(v["parity_max_abs_diff"])
+        if v["batch_max_abs_diff"] > 1e-4:  # refused before its accuracy is measured
+            assert v["validation"] is None and not v["serve_by_default"]
+            assert v["reason"].startswith("not evaluated: a row's outputs change")
+            continue
         assert v["delta"][metric] == pytest.approx(v["validation"][metric] - reference[metric], abs=1e-3)
         drop = -v["delta"][metric] if higher else v["delta"][metric]
-        assert v["serve_by_default"] == (drop <= tolerance + 1e-9 and v["batch_max_abs_diff"] <= 1e-4)
-        assert np.isfinite(v["parity_max_abs_diff"])
+        assert v["serve_by_default"] == (drop <= tolerance + 1e-9)
     # fp32 fused: a row's answer does not depend on what shares its batch. Dynamic int8 scales the
     # activations per batch tensor, so it does: recorded, and the reason it is not served by default.
     assert manifest["variants"]["fused"]["batch_max_abs_diff"] <= 1e-5
