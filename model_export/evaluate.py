@@ -134,9 +134,11 @@ def classifier_accuracy(
     """The share of (text, label) rows whose argmax logit is the label, through ``run``."""
     encoded = [truncate(e.ids, max_len) for e in tok.encode_batch([t for t, _ in rows])]
     correct = 0
-    for chunk in _batches(len(rows), 64):
-        logits = run(pad_batch([encoded[i] for i in chunk], pad))[0]
-        correct += int((logits.argmax(-1) == np.array([rows[i][1] for i in chunk])).sum())
+    order = sorted(range(len(rows)), key=lambda i: len(encoded[i]))  # similar lengths batch together
+    for chunk in _batches(len(order), 64):
+        idx = [order[k] for k in chunk]
+        logits = run(pad_batch([encoded[i] for i in idx], pad))[0]
+        correct += int((logits.argmax(-1) == np.array([rows[i][1] for i in idx])).sum())
     return correct / len(rows)
 
 
@@ -159,18 +161,35 @@ class QaSpans:
 def qa_scores(
     run: Run, tok: Tokenizer, max_len: int, pad: int, spans: QaSpans, examples: list[SquadExample]
 ) -> dict:
-    """SQuAD exact match and F1 (0-100) over ``examples``, with the service's windows and span search."""
-    predictions: dict[str, str] = {}
-    windows_total = 0
-    for ex in examples:
-        windows = qa_windows(tok, ex.question, ex.context, max_len, spans.stride, spans.max_question_length)
-        windows_total += len(windows)
-        feeds = pad_batch([w.input_ids for w in windows], pad, [w.token_type_ids for w in windows])
+    """SQuAD exact match and F1 (0-100) over ``examples``, with the service's windows and span search.
+
+    Every example's windows go through the graph together, 32 of similar length at a time (a row's
+    logits do not depend on its batch, and the span search reads only a window's own tokens), then
+    each example's best span is searched over its own windows, as the service does.
+    """
+    windows = [
+        qa_windows(tok, ex.question, ex.context, max_len, spans.stride, spans.max_question_length)
+        for ex in examples
+    ]
+    flat = [w for ws in windows for w in ws]
+    starts: list[np.ndarray] = [np.empty(0)] * len(flat)
+    ends: list[np.ndarray] = [np.empty(0)] * len(flat)
+    order = sorted(range(len(flat)), key=lambda i: len(flat[i].input_ids))
+    for chunk in _batches(len(order), 32):
+        idx = [order[k] for k in chunk]
+        feeds = pad_batch([flat[i].input_ids for i in idx], pad, [flat[i].token_type_ids for i in idx])
         start_logits, end_logits = run(feeds)
-        span = best_span(windows, list(start_logits), list(end_logits), spans.max_answer_length)
+        for row, i in enumerate(idx):
+            starts[i], ends[i] = start_logits[row], end_logits[row]
+    predictions: dict[str, str] = {}
+    first = 0
+    for ex, ws in zip(examples, windows, strict=True):
+        last = first + len(ws)
+        span = best_span(ws, starts[first:last], ends[first:last], spans.max_answer_length)
         predictions[ex.id] = ex.context[span.start : span.end] if span else ""
+        first = last
     scores = scoring.squad_scores(predictions, examples)
-    return {**scores, "windows": windows_total}
+    return {**scores, "windows": len(flat)}
 
 
 def evaluate_tagger(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
@@ -183,16 +202,18 @@ def tagger_scores(
     run: Run, tok: Tokenizer, max_len: int, pad: int, labels: list[str], sentences: list[TaggedSentence]
 ) -> dict:
     """Entity F1, precision and recall over ``sentences``: each word tagged from its first sub-token."""
-    encodings = [tok.encode(s.tokens, is_pretokenized=True) for s in sentences]
-    predicted: list[list[str]] = []
-    for chunk in _batches(len(sentences), 64):
-        rows = [truncate(encodings[i].ids, max_len) for i in chunk]
+    encodings = tok.encode_batch([s.tokens for s in sentences], is_pretokenized=True)
+    predicted: list[list[str]] = [[] for _ in sentences]
+    order = sorted(range(len(sentences)), key=lambda i: len(encodings[i].ids))  # similar lengths batch
+    for chunk in _batches(len(order), 64):
+        idx = [order[k] for k in chunk]
+        rows = [truncate(encodings[i].ids, max_len) for i in idx]
         logits = run(pad_batch(rows, pad))[0]
-        for j, i in enumerate(chunk):
+        for j, i in enumerate(idx):
             word_ids = encodings[i].word_ids[: len(rows[j])]
             tags, _ = word_predictions(logits[j, : len(rows[j])], word_ids, labels)
             n = len(sentences[i].tokens)
-            predicted.append((tags + ["O"] * n)[:n])  # words cut by truncation count as O
+            predicted[i] = (tags + ["O"] * n)[:n]  # words cut by truncation count as O
     scores = scoring.entity_f1([s.tags for s in sentences], predicted)
     return {
         "entity_f1": scores["f1"],

@@ -50,12 +50,26 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(collections.Counter(n.op_type for n in model.graph.node).items()))
 
 
+def quiet_optimizer_logs() -> None:
+    """ONNX Runtime's transformer tools log a line per fusion ("Fused Gelu: 6"), pages per build.
+
+    They log under their bare module names (``fusion_base``, ``onnx_model``: the package puts its own
+    folder on ``sys.path``): those, and the package's own logger, keep only errors. What was fused is
+    in our own one line per graph and in the manifest's op counts.
+    """
+    import onnxruntime.transformers as transformers
+
+    modules = {f.stem for f in Path(transformers.__file__).parent.glob("*.py")}
+    for name in ["onnxruntime.transformers", *modules]:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def optimize(path: Path, task: str, num_heads: int, hidden_size: int) -> onnx.ModelProto:
     """ONNX Runtime's transformer fusions, hardware-independent (opt_level 0: no session rewrites baked in)."""
     from onnxruntime.transformers.optimizer import optimize_model
 
     model_type = OPTIMIZER_TYPES.get(task, "bert")
-    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    quiet_optimizer_logs()
     source = onnx.load(str(path))
     readable = _reductions_shape_inference_reads(source)
     printed = io.StringIO()
