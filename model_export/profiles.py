@@ -171,8 +171,8 @@ _TRANSLATOR = TranslatorRecipe(
     label_smoothing=0.1,
     # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
     # source within a few hundred steps; 1,000 steps reached BLEU 31.4, 650 26.4, but a step costs
-    # 1.9 s on the slow CPU class: 550 is what the hour holds beside the others (docs/EXPORT.md).
-    train=TrainSpec(steps=550, lr=0.001, warmup_steps=100, weight_decay=0.01),
+    # 1.9 s on the slow CPU class: 500 is what the hour holds beside the others (docs/EXPORT.md).
+    train=TrainSpec(steps=500, lr=0.001, warmup_steps=100, weight_decay=0.01),
     beam_size=4,
     probe_limit=200,
     reference_step_s=0.522,
@@ -191,7 +191,7 @@ _BERT_CLASSIFIER = BertHeadRecipe(
     batch_size=32,
     # On the leak-free validation split one 1,500-step run (dropout 0, one rate) read 0.853 at
     # step 250, 0.861 at 500, 0.877 at 750 and 0.88 from 1,000 on: flat short of 0.90.
-    train=TrainSpec(steps=400, lr=2e-4, warmup_steps=30, weight_decay=0.01, layer_decay=0.8),
+    train=TrainSpec(steps=350, lr=2e-4, warmup_steps=30, weight_decay=0.01, layer_decay=0.8),
     reference_step_s=0.236,
     reference_other_s=26,
     reference_variants_s=13,
@@ -211,7 +211,7 @@ _BERT_QA = BertQaRecipe(
     batch_size=8,
     # Steep early: one 800-step run read F1 45, 60, 66, 64, 68, 69 (first 300 questions) at
     # steps 133 to 800; 350 steps gave 51.9 on the whole split.
-    train=TrainSpec(steps=450, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    train=TrainSpec(steps=400, lr=1e-4, warmup_steps=30, weight_decay=0.01),
     probe_limit=150,
     reference_step_s=0.417,
     reference_other_s=36,
@@ -226,7 +226,7 @@ _BERT_TAGGER = BertHeadRecipe(
     batch_size=32,
     # Rare entity types need steps: one 1,200-step run read entity F1 0.838, 0.883, 0.909 at
     # steps 200, 400, 600 (first 1,000 sentences), flat after; 350 steps gave 0.847.
-    train=TrainSpec(steps=500, lr=1e-4, warmup_steps=30, weight_decay=0.01),
+    train=TrainSpec(steps=450, lr=1e-4, warmup_steps=30, weight_decay=0.01),
     probe_limit=500,
     reference_step_s=0.342,
     reference_other_s=20,
@@ -254,7 +254,7 @@ _GPT = GptRecipe(
     # Flattening: one 850-step run read 2.86, 2.66, 2.59, 2.53, 2.50, 2.48 bits per character
     # (first 30,000 validation characters) at steps 142 to 850, a second a step on the slow class;
     # 300 steps ended at 2.78 (first 20,000), 256 wide 2.72 for 1.34x the time.
-    train=TrainSpec(steps=450, lr=0.002, warmup_steps=50, weight_decay=0.1),
+    train=TrainSpec(steps=350, lr=0.002, warmup_steps=50, weight_decay=0.1),
     probe_limit=20_000,
     reference_step_s=0.373,
     reference_other_s=9,
@@ -272,7 +272,7 @@ _VIT = VitRecipe(
     label_smoothing=0.0,
     # 1,200 steps read 0.802, 0.842, 0.859, 0.877 at steps 300 to 1,200 (2,200 gave 0.889);
     # random crops of 2 pixels' padding cost more than they gave at this budget (0.842 at 1,200).
-    train=TrainSpec(steps=1100, lr=2e-3, warmup_steps=100, weight_decay=0.05),
+    train=TrainSpec(steps=900, lr=2e-3, warmup_steps=100, weight_decay=0.05),
     reference_step_s=0.073,
     reference_other_s=8,
     reference_variants_s=3,
