@@ -264,11 +264,34 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 manifest = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())
                 figures[ctx.name] = manifest["validation"]["validation"]
+        for name, figure in figures.items():
+            _mark_final(Path(args.out) / name, figure)
         summary = Path(args.out) / "evaluation.json"
         previous = json.loads(summary.read_text()) if summary.is_file() else {}
         _write_json(str(summary), {**previous, **figures})  # a partial rebuild keeps the others' figures
     log.info("%s finished in %.1f minutes", args.command, (time.perf_counter() - start) / 60)
     return 0
+
+
+def _mark_final(folder: Path, figure: dict[str, Any]) -> None:
+    """Redraw the folder's validation curve with the build's whole-split figure at the last step."""
+    from .training import draw_validation_curve
+
+    training = json.loads((folder / "manifest.json").read_text()).get("training", {})
+    curve = training.get("validation_curve")
+    if not curve or not curve.get("points") or curve["metric"] not in figure:
+        return
+    points = [(int(s), float(v)) for s, v in curve["points"]]
+    final = (int(training["steps"]), float(figure[curve["metric"]]))
+    draw_validation_curve(
+        points,
+        folder / "validation_curve.png",
+        folder.name,
+        curve["metric"],
+        curve["examples"],
+        curve.get("target"),
+        final,
+    )
 
 
 def _variants(models_dir: Path, ctx: Any, beam: int) -> bool:

@@ -328,26 +328,61 @@ def save_validation_curve(
     curve: list[tuple[int, float]], path: Path, title: str, probe: Probe | None
 ) -> None:
     """The validation metric at the probed steps (and its target, where there is one), as a PNG."""
+    assert probe is not None
+    draw_validation_curve(curve, path, title, probe.metric, probe.examples, probe.target)
+
+
+def draw_validation_curve(
+    curve: list[tuple[int, float]],
+    path: Path,
+    title: str,
+    metric: str,
+    examples: str,
+    target: float | None,
+    final: tuple[int, float] | None = None,
+) -> None:
+    """The probed points; `final` is the build's ONNX evaluation on the whole split, marked apart.
+
+    The probes score a subset, which can be easier or harder than the whole split the target is
+    set on: the final point says where the model really stands against the target line.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    assert probe is not None
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     steps, values = zip(*curve, strict=True)
-    ax.plot(steps, values, marker="o", linewidth=1.8, label=probe.metric)
+    ax.plot(steps, values, marker="o", linewidth=1.8, label=f"{metric} on {examples} (torch, in training)")
     for s, v in curve:
         ax.annotate(f"{v:.3g}", (s, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    if probe.target is not None:
+    if final is not None:
+        ax.plot(
+            *final,
+            marker="*",
+            markersize=13,
+            linestyle="none",
+            color="tab:green",
+            label="the whole validation split (the exported ONNX graph)",
+        )
+        ax.annotate(
+            f"{final[1]:.3g}",
+            final,
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=8,
+            color="tab:green",
+        )
+    if target is not None:
         ax.axhline(
-            probe.target, color="tab:red", linestyle="--", linewidth=1, label=f"target {probe.target:g}"
+            target, color="tab:red", linestyle="--", linewidth=1, label=f"target {target:g} (whole split)"
         )
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel(probe.metric)
-    ax.set_title(f"{title}: {probe.metric} on {probe.examples}")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{title}: {metric} against steps")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
