@@ -320,9 +320,7 @@ _TINY_BERT = dataclasses.replace(
     batch_size=32,
     seq_len=48,
 )
-_TINY_FINE_TUNING = dataclasses.replace(
-    _BERT_CLASSIFIER.train, steps=30, lr=2e-3, warmup_steps=5, layer_decay=1.0
-)
+_TINY_FINE_TUNING = TrainSpec(steps=30, lr=2e-3, warmup_steps=5, weight_decay=0.01)
 
 TINY: dict[str, Recipe] = {
     "translator": _tiny(

@@ -257,9 +257,7 @@ def batch_difference(folder: Path, variant: dict[str, str]) -> float:
     return worst
 
 
-def _rule(
-    task: str, reference: dict[str, Any], measured: dict[str, Any], batch_diff: float
-) -> dict[str, Any]:
+def _rule(task: str, reference: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     metric, tolerance, higher = RULES[task]
     delta = {
         k: round(float(measured[k]) - float(v), 4)
@@ -271,24 +269,15 @@ def _rule(
     }
     drop = -delta[metric] if higher else delta[metric]
     accurate = drop <= tolerance + 1e-9
-    invariant = batch_diff <= BATCH_TOLERANCE
-    reason = (
-        f"{metric} {measured[metric]:.4f} vs {reference[metric]:.4f} for the reference: "
-        f"{'within' if accurate else 'beyond'} the allowed {'drop' if higher else 'rise'} of {tolerance:g}"
-    )
-    if not invariant:
-        reason += (
-            f"; but a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
-            f"(> {BATCH_TOLERANCE:g}: dynamic quantization scales activations per batch), so answers "
-            "would depend on other requests"
-        )
     return {
         "metric": metric,
         "delta": delta,
         "tolerance": tolerance,
-        "batch_max_abs_diff": batch_diff,
-        "serve_by_default": accurate and invariant,
-        "reason": reason,
+        "serve_by_default": accurate,
+        "reason": (
+            f"{metric} {measured[metric]:.4f} vs {reference[metric]:.4f} for the reference: "
+            f"{'within' if accurate else 'beyond'} the allowed {'drop' if higher else 'rise'} of {tolerance:g}"
+        ),
     }
 
 
@@ -303,7 +292,6 @@ def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
         "metric": metric,
         "tolerance": tolerance,
         "validation": None,
-        "batch_max_abs_diff": batch_diff,
         "serve_by_default": False,
         "reason": (
             f"not evaluated: a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
@@ -411,7 +399,7 @@ def build_variants(
         record["validation"] = {
             k: v for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        record.update(_rule(manifest["task"], reference, measured, record["batch_max_abs_diff"]))
+        record.update(_rule(manifest["task"], reference, measured))  # rows already batch-invariant
         log.info("%s %s: %s", name, variant, record["reason"])
     _save(folder, manifest)
     log.info("%s: variants written and evaluated in %.0f s", name, time.perf_counter() - started)
