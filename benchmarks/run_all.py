@@ -31,6 +31,7 @@ from benchmarks import (
     peers,
     protocols,
     response_cache,
+    served_variants,
     variants,
 )
 from benchmarks.cli import base_parser, options_from, timed_run
@@ -48,6 +49,7 @@ MODULES: list[ModuleType] = [
     cold_start,
     protocols,
     variants,
+    served_variants,
     peers,  # optional: needs --peers-python
 ]
 
@@ -62,6 +64,7 @@ HEADLINE = {
     "openai_over_native_generate": "protocols",
     "oip_binary_over_native_classify": "protocols",
     "int8_classify_speedup_32": "variants",
+    "int8_served_classify_speedup_32": "served_variants",
     "inplace_kv_step_speedup_16": "kv_cache",
     "litserve_over_service_32": "peers",
     "ray_serve_over_service_32": "peers",

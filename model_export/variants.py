@@ -5,9 +5,10 @@ against torch; it stays and stays the reference):
 
 - ``fused`` (fp32, CPU and CUDA): ONNX Runtime's transformer fusions plus our attention rewrite
   (``fusion.py``): attention, LayerNorm (+ residual) and GELU (+ bias) each one op;
-- ``int8`` (CPU): dynamic quantization of the fused graph's weight matmuls (``quantize_dynamic``:
-  int8 weights per output channel; activations quantized per call), what CTranslate2 and Optimum do
-  for CPUs; the reference graph is quantized instead where the fused one would not run;
+- ``int8`` (CPU): the fused graph's weight matmuls in int8 (``quantize_rows.py``): weights per output
+  column, activations quantized per row as they come, so a row's result never depends on its batch
+  (ONNX Runtime's ``quantize_dynamic`` scales a whole batch tensor at once); a model whose int8 graphs
+  would not run on ONNX Runtime's CPU provider has no int8 variant;
 - ``fp16`` (CUDA): the fused graph in float16 with float32 inputs and outputs (the KV cache too),
   ONNX Runtime's ``convert_float_to_float16``.
 
@@ -16,7 +17,7 @@ and evaluated on the same validation split with the same code (``evaluate.py``);
 its metrics, their difference from the reference, and whether it passes the accuracy rule: the
 headline metric may drop by at most 0.01 (accuracy, F1 on 0-1 scales), 1 point (BLEU, SQuAD F1 on
 0-100) or 0.05 bits per character, and a row's outputs may not depend on what shares its batch
-(``batch_difference``; dynamic int8 fails this: its activation scale is one per batch tensor). The
+(``batch_difference``: a variant that fails it is not even evaluated). The
 service serves a variant by default only where both hold (``service/engine/variants.py``). fp16 is evaluated only where the export has CUDA; elsewhere it is
 written, recorded as not validated (with its parity on ONNX Runtime's CPU provider, which runs
 it), and not served by default.
@@ -39,6 +40,7 @@ from service.engine.variants import VariantChoice
 
 from .fusion import fuse_attention, op_counts, optimize
 from .inplace_kv import rewrite_inplace, step_difference
+from .quantize_rows import quantize_rows
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +57,11 @@ RULES: dict[str, tuple[str, float, bool]] = {
 METHODS = {
     "fused": "onnxruntime.transformers optimize_model (opt_level 0) + model_export.fusion.fuse_attention "
     "(ONNX Attention, opset 23)",
-    "int8": "onnxruntime.quantization.quantize_dynamic of the fused graph: MatMul with constant weights, "
-    "QInt8 weights per output channel (full 8-bit range), uint8 activations quantized per call",
+    "int8": "model_export.quantize_rows of the fused graph: MatMul with constant weights as "
+    "MatMulIntegerToFloat, int8 weights per output column (|q| <= 64, exact on CPUs without VNNI), "
+    "uint8 activations with one scale per row (QuantizeLinear, block = the row)",
     "fp16": "onnxruntime.transformers OnnxModel.convert_float_to_float16(keep_io_types=True) of the fused graph",
 }
-# Per output channel, full 8-bit range: on the default models (2-core Xeon with AVX-512 VNNI), against
-# the fused fp32 graph, per-tensor weights lost 0.012 entity F1 (tagger) and 3.5 SQuAD F1 (QA, first 500
-# questions); per channel 0.004 and none (+1.6), classifier / GPT / ViT unchanged either way, at 2-4%
-# less throughput (bert-classifier, batch 1 and 32). reduce_range (7-bit weights, for CPUs without VNNI
-# whose u8 x s8 products can saturate) cost 0.09 entity F1 and 20 F1 per tensor, and gained nothing per
-# channel on this CPU.
-INT8_PER_CHANNEL = True
 BATCH_TOLERANCE = 1e-4  # what the service's batched-vs-alone parity tests allow
 DEVICES = {"fused": ["cpu", "cuda"], "int8": ["cpu"], "fp16": ["cuda"]}
 PRECISIONS = {"fused": "fp32", "int8": "int8", "fp16": "fp16"}
@@ -99,22 +95,12 @@ def _cuda_works(path: Path) -> bool:
     return _cuda["works"]
 
 
-def _quantize(source: Path, target: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    logging.disable(logging.WARNING)  # it logs a line per tensor on the root logger, and advice
-    try:
-        quantize_dynamic(
-            source,
-            target,
-            weight_type=QuantType.QInt8,
-            per_channel=INT8_PER_CHANNEL,
-            reduce_range=False,
-            op_types_to_quantize=["MatMul"],
-            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-    finally:
-        logging.disable(logging.NOTSET)
+def _quantize(source: Path, target: Path) -> int:
+    """``source``'s weight MatMuls in int8 with per-row activation scales (``quantize_rows.py``) at ``target``."""
+    model = onnx.load(str(source))
+    rewritten = quantize_rows(model)
+    onnx.save(model, str(target))
+    return rewritten
 
 
 def _runs_on_cpu(path: Path) -> bool:
@@ -129,15 +115,14 @@ def _runs_on_cpu(path: Path) -> bool:
         return False
 
 
-def _write_graphs(folder: Path, manifest: dict[str, Any]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Write every variant's graphs; returns variant -> graph name -> file, and variant -> method in words."""
+def _write_graphs(folder: Path, manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Write every variant's graphs; returns variant -> graph name -> file (no int8 where it cannot run)."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     config = manifest.get("config", {})
     heads = int(config.get("num_heads") or 0)
     hidden = int(config.get("d_model") or config.get("hidden_size") or 0)
-    files: dict[str, dict[str, str]] = {"fused": {}, "int8": {}, "fp16": {}}
-    methods = dict(METHODS)
+    files: dict[str, dict[str, str]] = {"fused": {}, "fp16": {}}
     for graph, entry in manifest["graphs"].items():
         reference = folder / entry["file"]
         stem = reference.name.removesuffix(".onnx")
@@ -147,24 +132,35 @@ def _write_graphs(folder: Path, manifest: dict[str, Any]) -> tuple[dict[str, dic
         fused_file = f"{stem}.fused.onnx"
         onnx.save(fused, str(folder / fused_file))
         log.info("%s/%s: %d attention block(s) fused by our rewrite", folder.name, graph, attention)
-        int8_file = f"{stem}.int8.onnx"
-        try:
-            _quantize(folder / fused_file, folder / int8_file)
-            quantized = _runs_on_cpu(folder / int8_file)
-        except Exception as exc:
-            log.warning("%s/%s: quantizing the fused graph failed: %s", folder.name, graph, exc)
-            quantized = False
-        if not quantized:  # the unfused reference has only standard ops: quantize that instead
-            _quantize(reference, folder / int8_file)
-            methods["int8"] = METHODS["int8"].replace("of the fused graph", "of the reference graph")
-            methods["int8"] += f" (quantizing the fused {graph} graph failed on ONNX Runtime's CPU provider)"
         half = OnnxModel(onnx.load(str(folder / fused_file)))
         with contextlib.redirect_stdout(io.StringIO()):  # it prints that shape inference cannot read
             half.convert_float_to_float16(keep_io_types=True)  # our fused attention: harmless here
         fp16_file = f"{stem}.fp16.onnx"
         half.save_model_to_file(str(folder / fp16_file))
-        files["fused"][graph], files["int8"][graph], files["fp16"][graph] = fused_file, int8_file, fp16_file
-    return files, methods
+        files["fused"][graph], files["fp16"][graph] = fused_file, fp16_file
+    int8 = _write_int8(folder, files["fused"])
+    return {"fused": files["fused"], **({"int8": int8} if int8 else {}), "fp16": files["fp16"]}
+
+
+def _write_int8(folder: Path, fused: dict[str, str]) -> dict[str, str] | None:
+    """Each fused graph with per-row int8 matmuls; None (and no files) where one of them cannot run."""
+    written: dict[str, str] = {}
+    for graph, fused_file in fused.items():
+        int8_file = fused_file.replace(".fused.onnx", ".int8.onnx")
+        try:
+            rewritten = _quantize(folder / fused_file, folder / int8_file)
+            runs = _runs_on_cpu(folder / int8_file)
+        except Exception as exc:
+            log.warning("%s/%s: quantizing the fused graph failed: %s", folder.name, graph, exc)
+            runs = False
+        written[graph] = int8_file
+        if not runs:  # a model has int8 for every graph or not at all
+            for file in written.values():
+                (folder / file).unlink(missing_ok=True)
+            log.warning("%s: no int8 variant", folder.name)
+            return None
+        log.info("%s/%s: %d weight matmul(s) in int8 with per-row scales", folder.name, graph, rewritten)
+    return written
 
 
 def _write_inplace(
@@ -177,24 +173,25 @@ def _write_inplace(
     if graph is None or kv is None:
         return written
     spec = KVCacheSpec.model_validate(kv)  # the manifest's kv_cache section, typed
+    fused = onnx.load(str(folder / files["fused"][graph]))
+    try:
+        rewritten = rewrite_inplace(fused, spec.num_heads, spec.head_dim, spec.past_names)
+    except ValueError as exc:
+        log.warning("%s: no in-place KV step graph: %s", folder.name, exc)
+        return written
+    log.info("%s/%s: %d attention(s) now update the KV cache in place", folder.name, graph, rewritten)
     for variant in INPLACE_VARIANTS:
-        source = files[variant][graph]
-        model = onnx.load(str(folder / source))
-        try:
-            rewritten = rewrite_inplace(model, spec.num_heads, spec.head_dim, spec.past_names)
-        except ValueError as exc:
-            log.warning("%s %s: no in-place KV step graph: %s", folder.name, variant, exc)
+        if variant not in files:
             continue
-        target = source.removesuffix(".onnx") + ".inplace.onnx"
-        onnx.save(model, str(folder / target))
+        target = files[variant][graph].removesuffix(".onnx") + ".inplace.onnx"
+        if variant == "int8":  # the fused step graph (q, k, v packed into one matmul), quantized per row
+            step = onnx.ModelProto()
+            step.CopyFrom(fused)
+            quantize_rows(step)
+            onnx.save(step, str(folder / target))
+        else:
+            onnx.save(fused, str(folder / target))
         written[variant] = {graph: target}
-        log.info(
-            "%s/%s %s: %d attention(s) now update the KV cache in place",
-            folder.name,
-            graph,
-            variant,
-            rewritten,
-        )
     return written
 
 
@@ -239,8 +236,8 @@ def batch_difference(folder: Path, variant: dict[str, str]) -> float:
     """Largest |row in a batch of 3 - the same row alone| over every output of every graph.
 
     The service batches requests together, and its answers must not depend on what shares a batch
-    (the tests compare batched with one-by-one answers at 1e-4). Dynamic int8 quantization computes
-    one activation scale per batch tensor, which couples the rows: this measures by how much.
+    (the tests compare batched with one-by-one answers at 1e-4). Anything that couples the rows, such
+    as one activation scale per batch tensor (``quantize_dynamic``), shows here.
     """
     import onnxruntime as ort
 
@@ -295,7 +292,7 @@ def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
         "serve_by_default": False,
         "reason": (
             f"not evaluated: a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
-            f"(> {BATCH_TOLERANCE:g}: dynamic quantization scales activations per batch), so answers "
+            f"(> {BATCH_TOLERANCE:g}), so answers "
             "would depend on other requests"
         ),
     }
@@ -330,7 +327,7 @@ def build_variants(
     for old in manifest.get("variants", {}).values():
         for file in old.get("inplace_decode", {}).values():
             manifest["files"].pop(file, None)
-    files, methods = _write_graphs(folder, manifest)
+    files = _write_graphs(folder, manifest)
     inplace = _write_inplace(folder, manifest, files)
     reference_files = {g: e["file"] for g, e in manifest["graphs"].items()}
     for variant_files in (*files.values(), *inplace.values()):
@@ -343,9 +340,9 @@ def build_variants(
         variants[variant] = {
             "graphs": graphs,
             "precision": PRECISIONS[variant],
-            "fused": methods[variant] == METHODS[variant],  # false where int8 fell back to the reference
+            "fused": True,  # every variant is made from the fused graphs
             "devices": DEVICES[variant],
-            "method": methods[variant],
+            "method": METHODS[variant],
             "op_counts": {
                 g: op_counts(onnx.load(str(folder / f), load_external_data=False)) for g, f in graphs.items()
             },

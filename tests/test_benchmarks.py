@@ -36,6 +36,7 @@ SCRIPTS = [
     "cold_start",
     "protocols",
     "variants",
+    "served_variants",
     "peers",
     "run_all",
 ]
@@ -49,6 +50,7 @@ HEADLINE = [
     "openai_over_native_generate",
     "oip_binary_over_native_classify",
     "int8_classify_speedup_32",
+    "int8_served_classify_speedup_32",
 ]
 
 

@@ -69,20 +69,21 @@ def test_step_graph_attends_in_place_with_one_gqa_per_layer(tiny_models: Path, v
     assert "attention_mask" not in inputs and {SEQLENS, TOTAL, "input_ids", "position_ids"} <= set(inputs)
     for gqa in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
         assert gqa.input[3].startswith("past_key.") and gqa.output[1].startswith("present_key.")
-        if variant == "fused":  # q, k, v projected by one packed MatMul (int8's are quantized apart)
-            assert gqa.input[1] == gqa.input[2] == "", list(gqa.input)
+        # q, k, v projected by one packed MatMul (int8: the packed fused step graph, quantized)
+        assert gqa.input[1] == gqa.input[2] == "", list(gqa.input)
     assert ops["Reshape"] == 0, "no splitting into heads and merging back around the attention"
     # the export measured it against the variant's own Concat step, and the file is hashed
     assert record["inplace_max_abs_diff"] <= 1e-5
     assert record["inplace_decode"]["model"] in manifest(tiny_models)["files"]
 
 
+@pytest.mark.parametrize("variant", ["fused", "int8"])
 @pytest.mark.parametrize("lengths", [(0,), (0, 3), (7, 0, 1, 12)])
 def test_step_graph_equals_the_concat_step_with_an_empty_past(
-    tiny_models: Path, lengths: tuple[int, ...]
+    tiny_models: Path, lengths: tuple[int, ...], variant: str
 ) -> None:
     folder = tiny_models / "gpt"
-    record = manifest(tiny_models)["variants"]["fused"]
+    record = manifest(tiny_models)["variants"][variant]
     diff = step_difference(
         str(folder / record["graphs"]["model"]),
         str(folder / record["inplace_decode"]["model"]),
@@ -92,10 +93,13 @@ def test_step_graph_equals_the_concat_step_with_an_empty_past(
     assert diff <= 1e-5, f"in-place step differs from the Concat step by {diff} for past lengths {lengths}"
 
 
-def test_service_chooses_the_step_graph_by_setting(gpt: LoadedModel, gpt_concat: LoadedModel) -> None:
-    assert gpt.variant.name == "fused" and set(gpt.inplace) == {"model"}
-    assert gpt.inplace["model"].path.name == "model.fused.inplace.onnx"
-    assert gpt_concat.inplace == {} and gpt_concat.variant.name == "fused"
+def test_service_chooses_the_step_graph_by_setting(
+    tiny_models: Path, gpt: LoadedModel, gpt_concat: LoadedModel
+) -> None:
+    default = "int8" if manifest(tiny_models)["variants"]["int8"]["serve_by_default"] else "fused"
+    assert gpt.variant.name == default and set(gpt.inplace) == {"model"}
+    assert gpt.inplace["model"].path.name == f"model.{default}.inplace.onnx"
+    assert gpt_concat.inplace == {} and gpt_concat.variant.name == default
     reference = load_model(gpt.path, RuntimeOptions(device="cpu", variant="reference"))
     assert reference.inplace == {}, "the reference graphs stay exactly as exported"
 
