@@ -40,7 +40,9 @@ from service.engine.variants import VariantChoice
 
 from .fusion import fuse_attention, op_counts, optimize
 from .inplace_kv import rewrite_inplace, step_difference
+from .machine import cpu_model
 from .quantize_rows import quantize_rows
+from .variant_speed import speedup
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,11 @@ METHODS = {
     "fp16": "onnxruntime.transformers OnnxModel.convert_float_to_float16(keep_io_types=True) of the fused graph",
 }
 BATCH_TOLERANCE = 1e-4  # what the service's batched-vs-alone parity tests allow
+# int8 rounds every matmul: served by default only where it is also this much faster than fused fp32
+# on the building machine (variant_speed.py). On a 2-core AVX2 EPYC: bert-classifier 1.17-1.22x (served:
+# 1.28x), the translator's decoding step 1.02-1.06x (served 0.95x), GPT's 0.87-0.96x (served 0.86x); a
+# margin inside the rounds' noise (about 5%) would decide the translator by chance
+SPEED_MARGIN = 1.1
 DEVICES = {"fused": ["cpu", "cuda"], "int8": ["cpu"], "fp16": ["cuda"]}
 PRECISIONS = {"fused": "fp32", "int8": "int8", "fp16": "fp16"}
 # Variants that get an in-place KV step graph (GroupQueryAttention: its CUDA kernel is fp16/bf16 only,
@@ -278,6 +285,19 @@ def _rule(task: str, reference: dict[str, Any], measured: dict[str, Any]) -> dic
     }
 
 
+def _speed_rule(record: dict[str, Any], speed: float) -> dict[str, Any]:
+    """int8 served by default only where it also runs at least SPEED_MARGIN times the fused graphs' speed."""
+    fast = speed >= SPEED_MARGIN
+    reason = f"{record['reason']}; {speed:.2f}x the fused graphs' speed on this CPU ({cpu_model()})"
+    if record["serve_by_default"] and not fast:
+        reason += f", below the {SPEED_MARGIN:g}x that pays for its rounding: fused is served instead"
+    return {
+        "speed_over_fused": speed,
+        "serve_by_default": record["serve_by_default"] and fast,
+        "reason": reason,
+    }
+
+
 def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
     """The rule's answer for a variant whose rows depend on their batch: not served, so not evaluated.
 
@@ -397,6 +417,10 @@ def build_variants(
             k: v for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
         record.update(_rule(manifest["task"], reference, measured))  # rows already batch-invariant
+        if variant == "int8":  # int8 must also pay for itself on this machine (variant_speed.py)
+            steps = (variants["fused"].get("inplace_decode"), record.get("inplace_decode"))
+            speed = speedup(folder, manifest["task"], files["fused"], files["int8"], *steps)
+            record.update(_speed_rule(record, speed))
         log.info("%s %s: %s", name, variant, record["reason"])
     _save(folder, manifest)
     log.info("%s: variants written and evaluated in %.0f s", name, time.perf_counter() - started)

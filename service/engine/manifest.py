@@ -190,7 +190,8 @@ class Variant(_Section):
     The reference (``Manifest.graphs``: fp32, unfused, exactly as exported and parity-checked against
     torch) always stays; a variant has the same graph names, inputs and outputs, in other files. Its
     validation metrics are measured on the same split as the reference's, and ``serve_by_default``
-    says whether it passed the accuracy rule (``tolerance``: the largest allowed drop of ``metric``).
+    says whether it passed the accuracy rule (``tolerance``: the largest allowed drop of ``metric``),
+    and for int8 whether it was also faster than fused where it was built (``speed_over_fused``).
     The service serves, per device, the first variant of its preference order that lists the device
     and is ``serve_by_default`` (``service.engine.repository``); MODEL_VARIANT overrides.
     """
@@ -207,6 +208,9 @@ class Variant(_Section):
     tolerance: float | None = None  # the largest allowed drop of ``metric``
     parity_max_abs_diff: float | None = None  # vs the reference graphs, on the parity inputs
     batch_max_abs_diff: float | None = None  # a row run in a batch vs the same row alone
+    # int8: its speed over the fused graphs' on the machine that built it, at the service's shapes
+    # (``model_export/variant_speed.py``); served by default only where it is also faster
+    speed_over_fused: float | None = None
     serve_by_default: bool = False
     reason: str = ""  # why it is (or is not) served by default, in words
     # Decoders only: graph name -> a decoding-step graph of this variant whose KV cache is a preallocated

@@ -20,6 +20,9 @@ class VariantOut(BaseModel):
     batch_max_abs_diff: float | None = Field(
         default=None, description="How far a row's outputs move with what shares its batch (fp32: 0)"
     )
+    speed_over_fused: float | None = Field(
+        default=None, description="int8: its speed over the fused graphs' where the model was built"
+    )
     serve_by_default: bool
     reason: str
 
