@@ -561,6 +561,13 @@ BAD_JSON: list[tuple[str, str, Any, int, str | None]] = [
         "num_return_sequences",
     ),
     ("max_new_tokens over", "/v1/translate", {"text": "hi", "max_new_tokens": 257}, 422, "max_new_tokens"),
+    (
+        "max_new_tokens 10**400",
+        "/v1/generate",
+        {"prompt": "hi", "max_new_tokens": 10**400},
+        422,
+        "max_new_tokens",
+    ),
     ("temperature -1", "/v1/generate", {"prompt": "hi", "temperature": -1}, 422, "temperature"),
     ("top_p 0", "/v1/generate", {"prompt": "hi", "top_p": 0}, 422, "top_p"),
     ("top_k -1", "/v1/classify", {"text": "hi", "top_k": 0}, 422, "top_k"),

@@ -31,7 +31,8 @@ class Range:
 
     def check(self, name: str, value: Any) -> None:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or (self.integer and not float(value).is_integer()):
+        # an int is whole however large (float() of one past 1e308 would overflow)
+        if not number or (self.integer and not isinstance(value, int) and not float(value).is_integer()):
             kind = "an integer" if self.integer else "a number"
             raise InvalidInputError(f"must be {kind}, got {value!r}", name, "type_error")
         too_low = value <= self.low if self.low_open else value < self.low
