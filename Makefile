@@ -48,7 +48,7 @@ clean-models:
 loadtest: setup
 	loadtests/run --models $(MODELS) $(ARGS)
 
-# Every benchmark, side by side, appended to benchmarks/RESULTS.md (about 15 minutes on 2 cores).
+# Every benchmark, side by side, appended to benchmarks/RESULTS.md (about 18 minutes on 2 cores).
 bench: setup
 	$(PY) benchmarks/run_all.py --models $(MODELS) --json benchmarks/latest.json
 

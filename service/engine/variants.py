@@ -2,9 +2,9 @@
 
 The export writes the reference graphs (fp32, exactly as exported, parity-checked against torch) and,
 with ``python -m model_export variants``, optimized copies recorded in the manifest's ``variants``:
-``fused`` (fp32, attention / LayerNorm / GELU fused), ``int8`` (dynamic quantization, for CPUs) and
+``fused`` (fp32, attention / LayerNorm / GELU fused), ``int8`` (per-row activation scales, for CPUs) and
 ``fp16`` (for GPUs), each with its validation metrics and whether it passed the accuracy rule
-(``serve_by_default``). With MODEL_VARIANT=auto the service serves, on each device, the first of its
+(``serve_by_default``; int8 must also have been faster than fused where it was built). With MODEL_VARIANT=auto the service serves, on each device, the first of its
 preference order that lists the device and passed; otherwise the reference. A named MODEL_VARIANT is
 served where the model has it (whatever the rule said: the operator asked), else the reference.
 """
