@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import pytest
 
-from model_export.variants import RULES, SPEED_MARGIN, _speed_rule, parity
+from model_export.variants import RULES, SPEED_MARGIN, parity
 from service.engine.batcher import BatchPolicy
 from service.engine.decoder_graph import DecoderGraph
 from service.engine.manifest import Manifest
@@ -138,15 +138,19 @@ def test_the_accuracy_rule_is_recorded_as_measured(tiny_models: Path, name: str)
             assert v["validation"] is None and not v["serve_by_default"]
             assert v["reason"].startswith("not evaluated: a row's outputs change")
             continue
+        if variant_name == "int8" and v["speed_over_fused"] < SPEED_MARGIN:  # not worth its rounding here
+            assert v["validation"] is None and not v["serve_by_default"]
+            assert v["reason"].startswith(
+                f"not evaluated: {v['speed_over_fused']:.2f}x the fused graphs' speed"
+            )
+            continue
         assert v["delta"][metric] == pytest.approx(v["validation"][metric] - reference[metric], abs=1e-3)
         drop = -v["delta"][metric] if higher else v["delta"][metric]
-        fast = variant_name != "int8" or v["speed_over_fused"] >= SPEED_MARGIN  # int8 must also pay
-        assert v["serve_by_default"] == (drop <= tolerance + 1e-9 and fast)
+        assert v["serve_by_default"] == (drop <= tolerance + 1e-9)
     # fp32 fused and per-row int8: a row's answer does not depend on what shares its batch (int8's
     # scales are the row's own and its integer products exact), so int8 got its validation pass
     assert manifest["variants"]["fused"]["batch_max_abs_diff"] <= 1e-5
     assert manifest["variants"]["int8"]["batch_max_abs_diff"] <= 1e-5
-    assert manifest["variants"]["int8"]["validation"] is not None
     assert manifest["variants"]["int8"]["speed_over_fused"] > 0  # measured on this machine
     assert (
         manifest["variants"]["int8"]["op_counts"][next(iter(manifest["graphs"]))]["MatMulIntegerToFloat"] > 0
@@ -179,15 +183,24 @@ def manifest_file(manifest: dict[str, Any], variant: str) -> str:
     )
 
 
-def test_int8_within_the_rule_but_not_faster_is_held_back_saying_so() -> None:
-    accurate = {"serve_by_default": True, "reason": "accuracy 0.87 vs 0.87: within the allowed drop of 0.01"}
-    slow = _speed_rule(accurate, 0.9)
-    assert slow["speed_over_fused"] == 0.9 and not slow["serve_by_default"]
-    assert "0.90x the fused graphs' speed" in slow["reason"] and "fused is served instead" in slow["reason"]
-    fast = _speed_rule(accurate, SPEED_MARGIN + 0.2)
-    assert fast["serve_by_default"] and "fused is served instead" not in fast["reason"]
-    inaccurate = _speed_rule({"serve_by_default": False, "reason": "beyond the allowed drop"}, 3.0)
-    assert not inaccurate["serve_by_default"]  # speed never overrides the accuracy rule
+def test_int8_is_evaluated_and_judged_by_accuracy_where_it_is_fast_enough(
+    tiny_models: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tiny models' int8 is slower than fused (their matmuls are too small to pay): with the margin
+    at 0, the export evaluates int8 and the accuracy rule alone decides, as on a CPU where it pays."""
+    import shutil
+
+    import model_export.variants as variants
+
+    shutil.copytree(tiny_models / "bert-classifier", tmp_path / "bert-classifier")
+    monkeypatch.setattr(variants, "SPEED_MARGIN", 0.0)
+    int8 = variants.build_variants(tmp_path, "bert-classifier", data_dir, limit=64)["int8"]
+    assert int8["speed_over_fused"] > 0 and int8["validation"]["examples"] == 64
+    metric, tolerance, _ = RULES["text-classification"]
+    assert int8["serve_by_default"] == (-int8["delta"][metric] <= tolerance + 1e-9)
+    assert "x the fused graphs' speed on" in int8["reason"]
+    model = load_model(tmp_path / "bert-classifier", RuntimeOptions(device="cpu"))
+    assert model.variant.name == ("int8" if int8["serve_by_default"] else "fused")
 
 
 def test_int8_answers_a_text_in_a_batch_as_it_answers_it_alone(tiny_models: Path) -> None:
