@@ -13,9 +13,10 @@ default build"; the curves measured there are quoted beside each budget).
 
 `reference_step_s` is one warm-up step, `reference_other_s` export plus the
 probes, and `reference_variants_s` the variants stage (with the evaluations),
-as the README's clean build measured them (2-core AMD EPYC with PyTorch held to
-AVX2 kernels): the build estimate scales the latter two by how this machine's
-warm-up compares with the first. They inform the estimate only; they never
+on the reference machine (a 2-core AMD EPYC with PyTorch held to AVX2 kernels;
+the variants stage, with int8's evaluations, measured in the README's clean build
+on another EPYC and converted by its warm-up ratio): the build estimate scales
+the latter two by how this machine's warm-up compares with the first. They inform the estimate only; they never
 change what is trained.
 
 Data sizes (`train_pairs`, `train_examples`, `train_chars`, `eval_limit`) of
@@ -177,7 +178,7 @@ _TRANSLATOR = TranslatorRecipe(
     probe_limit=200,
     reference_step_s=0.612,
     reference_other_s=28,
-    reference_variants_s=95,
+    reference_variants_s=155,
 )
 
 _BERT_CLASSIFIER = BertHeadRecipe(
@@ -194,7 +195,7 @@ _BERT_CLASSIFIER = BertHeadRecipe(
     train=TrainSpec(steps=350, lr=2e-4, warmup_steps=30, weight_decay=0.01, layer_decay=0.8),
     reference_step_s=0.268,
     reference_other_s=24,
-    reference_variants_s=12,
+    reference_variants_s=14,
 )
 
 _BERT_QA = BertQaRecipe(
@@ -215,7 +216,7 @@ _BERT_QA = BertQaRecipe(
     probe_limit=150,
     reference_step_s=0.41,
     reference_other_s=37,
-    reference_variants_s=98,
+    reference_variants_s=144,
 )
 
 _BERT_TAGGER = BertHeadRecipe(
@@ -230,7 +231,7 @@ _BERT_TAGGER = BertHeadRecipe(
     probe_limit=500,
     reference_step_s=0.375,
     reference_other_s=18,
-    reference_variants_s=26,
+    reference_variants_s=42,
 )
 
 _BERT_EMBEDDER = BertEmbedderRecipe(
@@ -238,7 +239,7 @@ _BERT_EMBEDDER = BertEmbedderRecipe(
     max_len=256,  # all-MiniLM-L6-v2's max_seq_length: it was trained on pieces up to 256 tokens
     train=NO_TRAINING,
     reference_other_s=6,
-    reference_variants_s=19,
+    reference_variants_s=28,
 )
 
 _GPT = GptRecipe(
@@ -258,7 +259,7 @@ _GPT = GptRecipe(
     probe_limit=20_000,
     reference_step_s=0.368,
     reference_other_s=9,
-    reference_variants_s=8,
+    reference_variants_s=14,
 )
 
 _VIT = VitRecipe(
@@ -275,7 +276,7 @@ _VIT = VitRecipe(
     train=TrainSpec(steps=900, lr=2e-3, warmup_steps=100, weight_decay=0.05),
     reference_step_s=0.082,
     reference_other_s=9,
-    reference_variants_s=2,
+    reference_variants_s=5,
 )
 
 DEFAULT: dict[str, Recipe] = {
