@@ -285,26 +285,8 @@ def _rule(task: str, reference: dict[str, Any], measured: dict[str, Any]) -> dic
     }
 
 
-def _speed_refusal(task: str, speed: float) -> dict[str, Any]:
-    """The rule's answer for an int8 variant that is not enough faster than fused here: not evaluated.
-
-    As for a batch-dependent variant, the build's time goes to what can be served.
-    """
-    metric, tolerance, _ = RULES[task]
-    return {
-        "metric": metric,
-        "tolerance": tolerance,
-        "validation": None,
-        "serve_by_default": False,
-        "reason": (
-            f"not evaluated: {speed:.2f}x the fused graphs' speed on {cpu_model()} at the service's shapes, "
-            f"below the {SPEED_MARGIN:g}x that pays for its rounding, so fused is served"
-        ),
-    }
-
-
-def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
-    """The rule's answer for a variant whose rows depend on their batch: not served, so not evaluated.
+def _refusal(task: str, why: str) -> dict[str, Any]:
+    """The rule's answer for a variant it refuses whatever its accuracy: not served, so not evaluated.
 
     The build's time goes to what can be served: a validation pass (a minute for the translator's beams
     on the slow CPU class) would not change the answer.
@@ -315,12 +297,26 @@ def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
         "tolerance": tolerance,
         "validation": None,
         "serve_by_default": False,
-        "reason": (
-            f"not evaluated: a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
-            f"(> {BATCH_TOLERANCE:g}), so answers "
-            "would depend on other requests"
-        ),
+        "reason": f"not evaluated: {why}",
     }
+
+
+def _speed_refusal(task: str, speed: float) -> dict[str, Any]:
+    """int8 that is not SPEED_MARGIN times as fast as fused here."""
+    return _refusal(
+        task,
+        f"{speed:.2f}x the fused graphs' speed on {cpu_model()} at the service's shapes, "
+        f"below the {SPEED_MARGIN:g}x that pays for its rounding, so fused is served",
+    )
+
+
+def _batch_refusal(task: str, batch_diff: float) -> dict[str, Any]:
+    """A variant whose rows depend on their batch."""
+    return _refusal(
+        task,
+        f"a row's outputs change by up to {batch_diff:.2g} with what shares its batch "
+        f"(> {BATCH_TOLERANCE:g}), so answers would depend on other requests",
+    )
 
 
 def _save(folder: Path, manifest: dict[str, Any]) -> None:
