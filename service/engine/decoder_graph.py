@@ -130,7 +130,7 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
         binding, arrays = buffers_bound(buffer)
         for name, value in other.items():  # the translator's cross keys/values and source mask
             binding.bind_cpu_input(name, value)
-        arrays["input_ids"][:, 0] = tokens
+        arrays["input_ids"][:, 0] = tokens.reshape(-1)
         arrays["position_ids"][:, 0] = lengths  # a row's next position
         arrays["seqlens_k"][:] = lengths
         arrays["total_sequence_length"][...] = lengths.max() + 1
