@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -137,7 +138,6 @@ def run(opts: Options) -> Result:
                 for r in range(rounds):
                     # Served and raw take turns, round by round, so that the machine's drift (tens of
                     # percent over minutes on a shared VM) hits both sides of each ratio alike.
-                    _, offset = _new_batches(batch_log, offset)  # the warm-up's batches are not replayed
                     served = run_async(
                         closed_loop(
                             server,
@@ -169,7 +169,7 @@ def run(opts: Options) -> Result:
                         f"{len(replay)} | {ratio(items, len(replay)):.1f} |"
                     )
     served = merge_points(served_points)
-    served_over_raw = median([r for r in ratios if r == r])  # a round without a replayable call is nan
+    served_over_raw = median([r for r in ratios if not math.isnan(r)])  # nan: no replayable call
     metrics: dict[str, object] = {
         "served_over_raw": served_over_raw,
         "served_over_raw_by_round": ratios,
@@ -192,7 +192,7 @@ def run(opts: Options) -> Result:
         "",
         f"Model `{folder.name}`; served / raw is the median of the {rounds} rounds' ratios: **{served_over_raw:.2f}**. "
         f"Each round serves for {window:g} s, then replays in process exactly the model calls (sub-batches after "
-        f"the length split) the server formed in that window, with the same texts, {passes} pass(es); the server "
+        f"the length split) the server formed in that round (its warm-up's included: a rate is compared), with the same texts, {passes} pass(es); the server "
         f"idles meanwhile. Most frequent call sizes: {top}. Served: p50 {served.p(50) * 1e3:.1f} ms, p95 "
         f"{served.p(95) * 1e3:.1f} ms, {served.errors} non-200; server process busy "
         f"{cores_used(served.server_cpu_s, served.seconds)} cores, client "
