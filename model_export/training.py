@@ -47,6 +47,9 @@ class TrainSpec:
     # Layer-wise learning-rate decay for fine-tuning a pretrained stack: each layer's rate is this
     # factor times the one above it (the head gets the full rate, the embeddings the least); 1.0: off.
     layer_decay: float = 1.0
+    # Checkpoint averaging: the model ends as the mean of its weights after each of the last this
+    # many steps (Vaswani et al. average the last checkpoints); 0: the last step's weights.
+    average_last: int = 0
     device: str = "cpu"
     deadline_s: float | None = None  # wall-clock guard (seconds from the start of this run); None = none
 
@@ -218,6 +221,7 @@ def train(
         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
     )
     ema = None
+    averager = _Averager(model, spec.steps - spec.average_last) if spec.average_last > 0 else None
     probe_at = set(probe.steps(spec.steps, probe_points)) if probe is not None else set()
     curve: list[tuple[int, float]] = []
     probe_s = 0.0
@@ -240,6 +244,8 @@ def train(
         units += n_units
         losses.append(value)
         ema = value if ema is None else 0.98 * ema + 0.02 * value
+        if averager is not None:
+            averager.update(step, last=step == spec.steps)
         if probe is not None and step in probe_at:
             probe_start = time.perf_counter()
             curve.append((step, _measure(model, probe)))
@@ -278,6 +284,28 @@ def train(
         if curve:
             save_validation_curve(curve, curve_path.with_name("validation_curve.png"), desc, probe)
     return result
+
+
+class _Averager:
+    """The running mean of a model's weights after each step past ``start``, put into the model at the end."""
+
+    def __init__(self, model: nn.Module, start: int) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.start = max(0, start)
+        self.mean: list[torch.Tensor] = []
+        self.count = 0
+
+    @torch.no_grad()
+    def update(self, step: int, last: bool) -> None:
+        if step <= self.start:
+            return
+        self.count += 1
+        if not self.mean:
+            self.mean = [p.detach().clone() for p in self.params]
+        else:
+            torch._foreach_lerp_(self.mean, [p.detach() for p in self.params], 1.0 / self.count)
+        if last:
+            torch._foreach_copy_(self.params, self.mean)
 
 
 def _measure(model: nn.Module, probe: Probe) -> float:

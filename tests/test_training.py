@@ -83,6 +83,47 @@ def test_probes_measure_without_changing_what_is_trained() -> None:
     assert probed.summary()["validation_curve"]["points"][0][0] == 10
 
 
+def test_checkpoint_averaging_ends_on_the_mean_of_the_last_steps_weights() -> None:
+    """``average_last=k``: the model ends as the mean of its weights after each of the last k steps,
+    and the last probe measures that model (the one exported)."""
+
+    def run(average_last: int, snapshots: list[list[torch.Tensor]]) -> tuple[TrainResult, torch.nn.Module]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        generator = torch.Generator().manual_seed(1)
+
+        def batches():  # type: ignore[no-untyped-def]
+            while True:
+                yield torch.randn(16, 4, generator=generator)
+
+        def loss_fn(m, x):  # type: ignore[no-untyped-def]
+            snapshots.append([p.detach().clone() for p in m.parameters()])  # the weights after the last step
+            return (m(x) - x.sum(1, keepdim=True)).pow(2).mean(), len(x), len(x)
+
+        spec = TrainSpec(steps=20, lr=1e-2, warmup_steps=2, average_last=average_last)
+        probe = Probe("output", lambda m: float(m(torch.ones(1, 4)).item()), "one input")
+        return train(model, batches(), loss_fn, spec, "average", "rows", None, probe, 1), model
+
+    plain_seen: list[list[torch.Tensor]] = []
+    plain_result, plain = run(0, plain_seen)
+    averaged_seen: list[list[torch.Tensor]] = []
+    averaged_result, averaged = run(5, averaged_seen)
+    after = [[p.detach() for p in plain.parameters()]]
+    # loss_fn of step s sees the weights after step s - 1: steps 16..20's weights are snapshots 16..19 and the end
+    last_five = plain_seen[16:] + after
+    assert all(  # averaging only reads the weights until the end: the same run up to its last step
+        torch.equal(x, y)
+        for a, b in zip(plain_seen, averaged_seen, strict=True)
+        for x, y in zip(a, b, strict=True)
+    )
+    for got, *steps in zip(averaged.parameters(), *last_five, strict=True):
+        expected = torch.stack(steps).mean(0)
+        assert torch.allclose(got, expected, atol=1e-6)
+        assert not torch.allclose(got, steps[-1], atol=1e-4)  # really averaged, not the last step's
+    assert averaged_result.curve[-1][1] == pytest.approx(float(averaged(torch.ones(1, 4)).item()))
+    assert plain_result.curve[-1][1] != pytest.approx(averaged_result.curve[-1][1])
+
+
 def state(path: Path) -> dict[str, torch.Tensor]:
     return Trained.load(path).model.state_dict()
 
