@@ -290,7 +290,7 @@ class _Averager:
     """The running mean of a model's weights after each step past ``start``, put into the model at the end."""
 
     def __init__(self, model: nn.Module, start: int) -> None:
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         self.start = max(0, start)
         self.mean: list[torch.Tensor] = []
         self.count = 0
