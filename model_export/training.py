@@ -127,6 +127,10 @@ def configure_threads() -> int:
     return threads
 
 
+# AdamW's fused kernel (CPU and CUDA); False is torch's loop over tensors, what builds before
+# 2026-11-26 trained with (the same update, rounded differently).
+FUSED_ADAMW = True
+
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -166,7 +170,9 @@ def _param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.
 
 def optimizer_for(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
     groups = _param_groups(model, spec.weight_decay, spec.layer_decay)
-    return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.98), eps=1e-8)
+    # One fused kernel per update instead of a dozen ops per tensor: with 2 CPU threads the MiniLM
+    # heads' AdamW step (22.6M parameters) takes 12 ms instead of 89, the translator's 3.7 instead of 23.
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.98), eps=1e-8, fused=FUSED_ADAMW)
 
 
 def train_step(
