@@ -294,13 +294,18 @@ def _refusal(task: str, why: str) -> dict[str, Any]:
     The build's time goes to what can be served: a validation pass (a minute for the translator's beams
     on the slow CPU class) would not change the answer.
     """
+    return _unevaluated(task, False, f"not evaluated: {why}")
+
+
+def _unevaluated(task: str, serve_by_default: bool, reason: str) -> dict[str, Any]:
+    """The rule's record for a variant that gets no validation pass."""
     metric, tolerance, _ = RULES[task]
     return {
         "metric": metric,
         "tolerance": tolerance,
         "validation": None,
-        "serve_by_default": False,
-        "reason": f"not evaluated: {why}",
+        "serve_by_default": serve_by_default,
+        "reason": reason,
     }
 
 
@@ -313,17 +318,12 @@ def _same_function(task: str, parity_diff: float) -> dict[str, Any]:
     windows) to re-measure that. Where int8 is refused (fused is then what CPU serves) or the parity is
     looser than FUSED_PARITY, fused gets its pass like any variant.
     """
-    metric, tolerance, _ = RULES[task]
-    return {
-        "metric": metric,
-        "tolerance": tolerance,
-        "validation": None,
-        "serve_by_default": True,
-        "reason": (
-            f"fp32, its outputs within {parity_diff:.2g} of the reference's on the probe inputs, so its "
-            "figures are the reference's (not evaluated again: int8 is what CPU serves here)"
-        ),
-    }
+    return _unevaluated(
+        task,
+        True,
+        f"fp32, its outputs within {parity_diff:.2g} of the reference's on the probe inputs, so its "
+        "figures are the reference's (not evaluated again: int8 is what CPU serves here)",
+    )
 
 
 def _speed_refusal(task: str, speed: float) -> dict[str, Any]:
@@ -440,7 +440,7 @@ def build_variants(
                 continue
         if (
             variant == "fused"
-            and variants["int8"]["serve_by_default"]
+            and variants.get("int8", {}).get("serve_by_default")  # no int8 where its graphs cannot run
             and record["parity_max_abs_diff"] <= FUSED_PARITY
         ):
             record.update(_same_function(manifest["task"], record["parity_max_abs_diff"]))
