@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
             help="multiply every model's step budget (warmup stays, capped at a fifth of the steps)",
         )
         p.add_argument(
+            "--probe-points",
+            type=int,
+            help="measure each model's validation curve at this many evenly spaced steps (default: the recipe's)",
+        )
+        p.add_argument(
             "--max-minutes",
             type=float,
             help="wall-clock guard for the whole build: models stop early, marked under-trained, when it runs out",
@@ -124,6 +129,8 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
     steps = _steps(args.steps)
     if args.steps_scale <= 0:
         raise SystemExit("--steps-scale must be positive")
+    if args.probe_points is not None and args.probe_points < 0:
+        raise SystemExit("--probe-points must be 0 or more")
     contexts = []
     for name in _names(args.models):
         recipe = recipe_for(args.profile, name)
@@ -132,6 +139,8 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
                 raise SystemExit(f"--steps: {name} is not trained (its encoder is used as it is)")
         else:
             recipe = recipe.with_steps(max(1, round(steps.get(name, recipe.train.steps) * args.steps_scale)))
+        if args.probe_points is not None:
+            recipe = dataclasses.replace(recipe, probe_points=args.probe_points)
         init_from = Path(args.init_from) if args.init_from else None
         contexts.append(
             BuildContext(name, data_dir, Path(args.out), args.profile, recipe, args.seed, init_from)
@@ -266,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 manifest = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())
                 figures[ctx.name] = manifest["validation"]["validation"]
+        budgets = {ctx.name: recipe_for(ctx.profile, ctx.name).train.steps for ctx in built}
         for name, figure in figures.items():
-            _mark_final(Path(args.out) / name, figure)
+            _mark_final(Path(args.out) / name, figure, budgets[name])
         summary = Path(args.out) / "evaluation.json"
         previous = json.loads(summary.read_text()) if summary.is_file() else {}
         _write_json(str(summary), {**previous, **figures})  # a partial rebuild keeps the others' figures
@@ -275,8 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _mark_final(folder: Path, figure: dict[str, Any]) -> None:
-    """Redraw the folder's validation curve with the build's whole-split figure at the last step."""
+def _mark_final(folder: Path, figure: dict[str, Any], budget: int) -> None:
+    """Redraw the folder's validation curve with the build's whole-split figure at the last step.
+
+    Where `--steps` moved the model off its profile's `budget`, the curve marks that budget too: a
+    longer run shows what the steps past it would buy (docs/curves/long/).
+    """
     from .training import draw_validation_curve
 
     training = json.loads((folder / "manifest.json").read_text()).get("training", {})
@@ -293,6 +307,7 @@ def _mark_final(folder: Path, figure: dict[str, Any]) -> None:
         curve["examples"],
         curve.get("target"),
         final,
+        budget if budget != final[0] else None,
     )
 
 

@@ -374,8 +374,12 @@ def draw_validation_curve(
     examples: str,
     target: float | None,
     final: tuple[int, float] | None = None,
+    budget: int | None = None,
 ) -> None:
     """The probed points; `final` is the build's ONNX evaluation on the whole split, marked apart.
+
+    `budget`, where given, is the profile's step budget, drawn as a vertical line on a run that
+    trained for more (or fewer) steps than it.
 
     The probes score a subset, which can be easier or harder than the whole split the target is
     set on: the final point says where the model really stands against the target line.
@@ -411,6 +415,14 @@ def draw_validation_curve(
     if target is not None:
         ax.axhline(
             target, color="tab:red", linestyle="--", linewidth=1, label=f"target {target:g} (whole split)"
+        )
+    if budget is not None:
+        ax.axvline(
+            budget,
+            color="tab:gray",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"the profile's budget ({budget} steps)",
         )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(metric)

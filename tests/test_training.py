@@ -222,7 +222,12 @@ def test_tiny_translator_learns_to_copy_unseen_digit_strings(tmp_path: Path) -> 
         str(out),
         "--steps",
         "translator=600",
+        "--probe-points",
+        "3",
     )
+    # --probe-points sets the curve's resolution: three evenly spaced probes, the last at the last step
+    curve = json.loads((out / "translator" / "manifest.json").read_text())["training"]["validation_curve"]
+    assert [step for step, _ in curve["points"]] == [200, 400, 600]
     scores = json.loads((out / "evaluation.json").read_text())["translator"]
     assert scores["bleu"] >= 90 and scores["chrf"] >= 90, scores
     for sample in scores["samples"]:
