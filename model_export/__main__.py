@@ -288,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
 def _mark_final(folder: Path, figure: dict[str, Any], budget: int) -> None:
     """Redraw the folder's validation curve with the build's whole-split figure at the last step.
 
-    Where `--steps` moved the model off its profile's `budget`, the curve marks that budget too: a
-    longer run shows what the steps past it would buy (docs/curves/long/).
+    Where `--steps` or `--steps-scale` moved the model off its profile's `budget` (or the
+    `--max-minutes` guard stopped it short), the curve marks that budget too: a longer run shows
+    what the steps past it would buy (docs/curves/long/).
     """
     from .training import draw_validation_curve
 
