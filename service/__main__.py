@@ -18,8 +18,7 @@ import shutil
 import tempfile
 from typing import Any
 
-import uvicorn
-
+from service.http_server import uvicorn_config
 from service.settings import SHARED_POOL_FLAG, Settings
 
 
@@ -39,8 +38,6 @@ def main() -> None:
     from service.lifecycle import GracefulServer, run_workers
 
     common: dict[str, Any] = dict(
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # uvicorn's never: ours (ACCESS_LOG) has the request id and model (service.api.http.observe)
         timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)),
@@ -48,10 +45,12 @@ def main() -> None:
     try:
         if settings.workers > 1:
             run_workers(
-                uvicorn.Config("service.app:create_app", factory=True, workers=settings.workers, **common)
+                uvicorn_config(
+                    "service.app:create_app", settings, factory=True, workers=settings.workers, **common
+                )
             )
         else:
-            GracefulServer(uvicorn.Config(create_app(settings), **common)).run()
+            GracefulServer(uvicorn_config(create_app(settings), settings, **common)).run()
     finally:
         if made_dir is not None:
             shutil.rmtree(made_dir, ignore_errors=True)

@@ -41,6 +41,7 @@ from litestar.openapi.spec import (
 from prometheus_client import multiprocess as prometheus_multiprocess
 
 from service.api.grpc.server import GrpcServer
+from service.api.http.admission import admit_requests
 from service.api.http.auth import ApiKeys, require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.error_body import describe_status
@@ -52,7 +53,6 @@ from service.api.pages.docs_ui import assets_router, render_plugins
 from service.api.routes import CONTROLLERS
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
-from service.context import RequestContextFilter
 from service.engine import runtime
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
@@ -60,6 +60,8 @@ from service.inference.limits import RequestLimits
 from service.inference.registry import ModelRegistry
 from service.inference.service import InferenceService
 from service.lifecycle import Lifecycle
+from service.logs import configure_logging
+from service.memory import MemoryTrimmer
 from service.metrics import Metrics, multiprocess_enabled
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
@@ -97,21 +99,6 @@ async def build_registry(settings: Settings, metrics: Metrics | None = None) -> 
             log.error("refusing model %s: %r", name, exc)
             refused[name] = f"cannot serve: {exc!r}"
     return ModelRegistry(pipelines, refused)
-
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s %(model)s]: %(message)s"
-
-
-def _configure_logging(settings: Settings) -> None:
-    """Our loggers' level; a handler (with the request id and model) only when nobody configured one."""
-    level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
-    logging.getLogger("service").setLevel(level)
-    root = logging.getLogger()
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler.addFilter(RequestContextFilter())
-        root.addHandler(handler)
 
 
 def _cors(settings: Settings) -> CORSConfig | None:
@@ -163,7 +150,7 @@ def _document_unauthorized(app: Litestar, keys: ApiKeys) -> None:
 def create_app(settings: Settings | None = None) -> Litestar:
     """The Litestar app for ``settings`` (default: from the environment)."""
     settings = settings if settings is not None else Settings()
-    _configure_logging(settings)
+    configure_logging(settings)
     if os.environ.get(SHARED_POOL_FLAG) == "1" and not runtime.shared_thread_pool_in_use():
         # python -m service (or one of its workers) owns this process: one ONNX Runtime pool for all.
         runtime.use_shared_thread_pool(settings.intra_op_threads, settings.inter_op_threads)
@@ -177,7 +164,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
-    keys = ApiKeys(settings.api_keys, settings.auth_health, settings.auth_metrics)
+    keys = ApiKeys(
+        settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -196,10 +185,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
         grpc_server = (
             GrpcServer(inference, lifecycle, settings, metrics) if settings.grpc_port is not None else None
         )
+        trimmer = MemoryTrimmer(settings.malloc_trim_mib)
+        app.state.memory_trimmer = trimmer
         try:
             await inference.start(warmup=settings.warmup)
             if grpc_server is not None:
                 await grpc_server.start()
+            trimmer.start()
             for pipeline in inference.registry.pipelines.values():
                 model = pipeline.model
                 metrics.served(model.name, model.version, model.task, model.provider, model.variant)
@@ -212,6 +204,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             )
             yield
         finally:
+            await trimmer.stop()
             if grpc_server is not None:
                 await grpc_server.stop()
             await inference.stop(settings.shutdown_timeout_s)
@@ -230,12 +223,18 @@ def create_app(settings: Settings | None = None) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,
         before_send=[ensure_request_id_header],
         middleware=[  # the key check only where keys are configured: a layer costs on every request
-            observe_requests(metrics, lifecycle, settings.max_in_flight_requests, settings.access_log),
+            observe_requests(metrics, settings.access_log),
             *([require_api_key(keys)] if keys.enabled else []),
+            admit_requests(
+                lifecycle,
+                settings.max_in_flight_requests,
+                settings.max_body_bytes,
+                settings.body_read_timeout_s,
+            ),
         ],
         cors_config=_cors(settings),
-        request_max_body_size=settings.max_body_bytes,
-        logging_config=None,  # ours (_configure_logging): every line carries the request id and model
+        request_max_body_size=settings.max_body_bytes,  # Litestar's own check; admission.py refuses first
+        logging_config=None,  # ours (service.logs): every line carries the request id and model, on one line
         state=state,
         openapi_config=_openapi(keys),
     )

@@ -10,14 +10,20 @@ late gets a clean 503 with Retry-After rather than a refused connection),
 waits until no request is in flight or SHUTDOWN_TIMEOUT_S has passed, and
 only then runs uvicorn's own shutdown: close the socket, finish the
 connections, run the lifespan shutdown (engines stop), exit 0. A second
-signal shuts down at once.
+signal shuts down at once. SIGHUP is SIGTERM here: a one-process service drains on it rather than
+dying at once (its default). Under WORKERS > 1 the supervisor's SIGHUP is uvicorn's rolling restart:
+each worker in turn gets a replacement, and once that one is up the old one drains as on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 import time
+from collections.abc import Generator
 from typing import Any
 
 import uvicorn
@@ -80,6 +86,20 @@ class GracefulServer(uvicorn.Server):
             getattr(protocol, "__name__", protocol),
         )
         await super().startup(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP as SIGTERM: a hang-up drains, it does not cut streams."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # Runs as a signal handler: only note the time; on_tick (on the event loop) does the work.

@@ -120,7 +120,20 @@ class Settings(BaseSettings):
     max_in_flight_requests: int = Field(
         default=1024,
         ge=1,
-        description="HTTP requests answered at once per worker; beyond it: 503 before the body is read",
+        description="HTTP requests answered at once per worker, counted once their body has arrived; beyond "
+        "it: 503",
+    )
+    header_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="From a connection's opening (or its previous response) to the end of the next request's "
+        "headers at most this; beyond it: 408 and the connection closed (slow clients hold no connection)",
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="From the end of a request's headers to the end of its body at most this; beyond it: 408 "
+        "and the connection closed. A request is not counted in flight while its body arrives",
     )
 
     # --- generation (continuous batching) ------------------------------------------------
@@ -149,6 +162,25 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         default=4096 * 4096, ge=1, description="Width x height per image, read from the header"
     )
+    max_request_pixels: int = Field(
+        default=2**23,
+        ge=1,
+        description="Width x height summed over one request's images, read from their headers before any is "
+        "decoded: what bounds a request's decoding time (docs/CONFIGURATION.md, 'Cost per request')",
+    )
+    max_context_tokens: int = Field(
+        default=2**14,
+        ge=1,
+        description="QA: tokens in one request's windows, summed over its pairs (what usage.input_tokens "
+        "counts): what bounds a request's compute (docs/CONFIGURATION.md, 'Cost per request')",
+    )
+
+    malloc_trim_mib: int = Field(
+        default=32,
+        ge=0,
+        description="Once resident memory has grown this many MiB past where the last trim left it (checked "
+        "every second), return freed heap memory to the OS (glibc's malloc_trim); 0: never",
+    )
 
     # --- start-up and shutdown -----------------------------------------------------------
     warmup: bool = Field(default=True, description="Run one real inference per model before reporting ready")
@@ -167,6 +199,11 @@ class Settings(BaseSettings):
     cache_max_entries: int = Field(default=10000, ge=1, description="Entries in the in-process LRU at most")
     cache_max_bytes: int = Field(
         default=256 * MiB, ge=1, description="Bytes of cached responses in the in-process LRU at most"
+    )
+    cache_scope: Literal["key", "shared"] = Field(
+        default="key",
+        description="With API keys: key gives each key its own cache entries (a hit never tells one key what "
+        "another sent); shared lets every key answer every other's repeats. Without keys: one space",
     )
     cache_key_prefix: str = Field(default="tserve", min_length=1, description="Namespace of the Redis keys")
     redis_timeout_s: float = Field(

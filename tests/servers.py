@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness import service_process
 from service.app import create_app
+from service.http_server import uvicorn_config
 from service.settings import Settings
 
 
@@ -35,7 +36,9 @@ class LiveServer:
 
     def __init__(self, settings: Settings) -> None:
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        config = uvicorn_config(
+            self.app, settings, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="api-test-server", daemon=True)
         self.url = ""

@@ -23,8 +23,14 @@ def canonical_json(value: Any) -> bytes:
     ).encode()
 
 
-def response_key(prefix: str, model: str, version: str, task: str, request: Mapping[str, Any]) -> str:
+def response_key(
+    prefix: str, model: str, version: str, task: str, request: Mapping[str, Any], scope: str = ""
+) -> str:
+    """The key of ``request``'s answer; ``scope`` (a digest of the caller's API key under CACHE_SCOPE=key)
+    keeps one caller's entries out of another's sight."""
     identity = {"schema": KEY_SCHEMA, "model": model, "version": version, "task": task, "request": request}
+    if scope:
+        identity["scope"] = scope
     return f"{prefix}:{task}:{hashlib.sha256(canonical_json(identity)).hexdigest()}"
 
 

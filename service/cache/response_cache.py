@@ -43,19 +43,24 @@ class Answering(Protocol):
 
 @dataclass(frozen=True)
 class CacheControl:
-    """What one request lets the cache do."""
+    """What one request lets the cache do, and whose entries it may see.
+
+    ``scope`` partitions the cache: requests see only entries stored under their own scope (with
+    CACHE_SCOPE=key, a digest of the API key that sent them; empty: the one shared space).
+    """
 
     lookup: bool = True
     store: bool = True
+    scope: str = ""
 
     @classmethod
-    def of(cls, use_cache: bool = True, header: str | None = None) -> CacheControl:
+    def of(cls, use_cache: bool = True, header: str | None = None, scope: str = "") -> CacheControl:
         """From the body's ``cache`` field and a ``Cache-Control`` request header."""
         directives = {d.strip().lower() for d in (header or "").split(",") if d.strip()}
         if "no-store" in directives:
-            return cls(lookup=False, store=False)
+            return cls(lookup=False, store=False, scope=scope)
         fresh = "no-cache" in directives or "max-age=0" in directives
-        return cls(lookup=use_cache and not fresh, store=True)
+        return cls(lookup=use_cache and not fresh, store=True, scope=scope)
 
 
 USE_CACHE = CacheControl()
@@ -109,7 +114,7 @@ class ResponseCache:
         if self.backend is None or not (control.lookup or control.store):
             return await compute()
         model, version = pipeline.name, pipeline.model.version
-        key = response_key(self.prefix, model, version, pipeline.task, request)
+        key = response_key(self.prefix, model, version, pipeline.task, request, control.scope)
         if control.lookup:
             hit = self._decode(await self.backend.get(key), model, version, result_type)
             if hit is not None:

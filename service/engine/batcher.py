@@ -191,6 +191,8 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         except asyncio.CancelledError:
             self._drop_cancelled(entry)
             raise
+        finally:
+            del entry  # its future holds the error raised here, whose traceback holds this frame: a cycle
 
     # --- queue bookkeeping ----------------------------------------------------------
 

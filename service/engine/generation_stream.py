@@ -57,7 +57,9 @@ class GenerationStream:
         while not self.done:
             await self._wait()
         if self._error is not None:
-            raise self._error
+            error = self._error
+            del self  # the error's traceback will hold this frame: without self, no cycle through the stream
+            raise error
         if self._result is None:
             raise GenerationCancelledError(self._model)
         return self._result

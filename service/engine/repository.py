@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +184,20 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
     return LoadedModel(name, model_dir, manifest, graphs, tokenizer, variant, inplace, attention=attention)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/:,()]+/)+([^\s'\"/:,()]+)")
+
+
+def without_paths(reason: str, root: Path | None = None) -> str:
+    """A refusal's reason as callers see it (readiness is open to callers without a key): the repository's
+    place on this host replaced by ``MODEL_REPOSITORY``, and any other absolute path cut to its last part
+    (``.../model.onnx``). The log keeps the whole path for the operator."""
+    if root is not None:
+        for place in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
+            if place not in (".", ""):
+                reason = reason.replace(place, "MODEL_REPOSITORY")
+    return _ABSOLUTE_PATH.sub(r".../\1", reason)
+
+
 def load_repository(
     root: Path, options: RuntimeOptions, only: list[str] | None = None, check_hashes: bool = True
 ) -> tuple[dict[str, LoadedModel], dict[str, str]]:
@@ -196,11 +211,11 @@ def load_repository(
     failed: dict[str, str] = {}
     if not root.is_dir():
         log.error("model repository %s does not exist", root)
-        return loaded, {"*": f"model repository {root} does not exist"}
+        return loaded, {"*": "the model repository (MODEL_REPOSITORY) does not exist; the log names its path"}
     for name in only or []:
         if not (root / name).is_dir():
             log.error("refusing model %s: SERVED_MODELS names it but %s has no such folder", name, root)
-            failed[name] = f"SERVED_MODELS names it but {root} has no such folder"
+            failed[name] = "SERVED_MODELS names it but the model repository has no such folder"
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if model_dir.name.endswith(".partial") or (only is not None and model_dir.name not in only):
             continue
@@ -208,7 +223,7 @@ def load_repository(
             model = load_model(model_dir, options, check_hashes)
         except ModelLoadError as exc:
             log.error("refusing model folder %s: %s", model_dir, exc)
-            failed[model_dir.name] = str(exc)
+            failed[model_dir.name] = without_paths(str(exc), root)
             continue
         loaded[model.name] = model
         log.info("loaded %s (%s, version %s) on %s", model.name, model.task, model.version, model.provider)

@@ -30,6 +30,8 @@ class RequestLimits:
     max_image_bytes: int
     max_image_pixels: int
     max_body_bytes: int
+    max_request_pixels: int  # applied by the image pipeline, from the headers, before decoding
+    max_context_tokens: int  # applied by the QA pipeline, once its windows are cut
     attention_max_tokens: int = 128
 
     @classmethod

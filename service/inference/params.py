@@ -9,6 +9,7 @@ schemas document the same numbers (``RANGES``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -35,8 +36,11 @@ class Range:
         if not number or (self.integer and not isinstance(value, int) and not float(value).is_integer()):
             kind = "an integer" if self.integer else "a number"
             raise InvalidInputError(f"must be {kind}, got {value!r}", name, "type_error")
+        # NaN compares false with everything, so it would pass both bounds: refuse it first (gRPC's
+        # double parameters can carry it; JSON cannot)
+        nan = isinstance(value, float) and math.isnan(value)
         too_low = value <= self.low if self.low_open else value < self.low
-        if too_low or value > self.high:
+        if nan or too_low or value > self.high:
             opening = "(" if self.low_open else "["
             low, high = (int(self.low), int(self.high)) if self.integer else (self.low, self.high)
             raise InvalidInputError(

@@ -93,6 +93,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
             for task in tasks:  # on failure or cancellation: withdraw what is still queued
                 if not task.done():
                     task.cancel()
+            del tasks  # a failed task holds the error whose traceback holds this frame: break the cycle
 
 
 class TextEncoderPipeline(BatchedPipeline[Item, Out]):

@@ -17,7 +17,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
 from .base import BatchedPipeline, TextEncoderPipeline
-from .image_inputs import ImageDecodeError, decode_image, to_pixel_values
+from .image_inputs import ImageDecodeError, decode_image, image_size, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
@@ -80,11 +80,13 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         policy: BatchPolicy,
         max_image_pixels: int,
         observer: BatcherObserver | None = None,
+        max_request_pixels: int | None = None,
     ) -> None:
         super().__init__(model, policy, observer)
         self.labels = required(model.manifest.labels)
         self.preprocessing = required(model.manifest.preprocessing)
         self.max_image_pixels = max_image_pixels
+        self.max_request_pixels = max_request_pixels
         self.graph = model.graphs["model"]
         config = model.manifest.config
         # The batcher's token budget counts patches (+ [CLS]): every image costs the same.
@@ -97,6 +99,8 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         return list(softmax(logits))
 
     def decode(self, images: Sequence[bytes]) -> list[np.ndarray]:
+        if self.max_request_pixels is not None:
+            self._check_request_pixels(images)
         decoded = []
         for index, data in enumerate(images):
             try:
@@ -104,6 +108,25 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
             except ImageDecodeError as exc:
                 raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
         return decoded
+
+    def _check_request_pixels(self, images: Sequence[bytes]) -> None:
+        """The request's pixels, summed from the images' headers before any is decoded (MAX_REQUEST_PIXELS)."""
+        assert self.max_request_pixels is not None
+        total = 0
+        for index, data in enumerate(images):
+            try:
+                width, height = image_size(data)
+            except ImageDecodeError as exc:
+                raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
+            total += width * height
+            if total > self.max_request_pixels:
+                raise InvalidInputError(
+                    f"the request's images hold more than {self.max_request_pixels} pixels together "
+                    f"(MAX_REQUEST_PIXELS); this one brings them to {total}",
+                    "inputs",
+                    "too_large",
+                    index,
+                )
 
     async def classify(self, images: Sequence[bytes], top_k: int) -> Outcome[Classification]:
         """An undecodable image is reported by its index among ``images``."""

@@ -34,9 +34,14 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
     task = "question-answering"
 
     def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        observer: BatcherObserver | None = None,
+        max_context_tokens: int | None = None,
     ) -> None:
         super().__init__(model, policy, observer)
+        self.max_context_tokens = max_context_tokens
         qa = required(model.manifest.qa)
         self.stride = qa.stride
         self.max_question_length = qa.max_question_length
@@ -72,6 +77,7 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
         """``pairs`` are (question, context); offsets in the answers index into each context."""
         self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
         windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
+        self._check_tokens(windows)
         costs = [len(w) * max(map(len, w)) for w in windows]
         spans = await self.infer(windows, costs)
         results = []
@@ -91,6 +97,23 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
                 )
         usage = Usage(input_tokens=sum(len(w) for item in windows for w in item))
         return Outcome(self.name, self.model.version, results, usage)
+
+    def _check_tokens(self, windows: list[list[QAWindow]]) -> None:
+        """The request's compute: the tokens of all its windows (MAX_CONTEXT_TOKENS), named by the pair that
+        passes the limit."""
+        if self.max_context_tokens is None:
+            return
+        total = 0
+        for index, item in enumerate(windows):
+            total += sum(len(w) for w in item)
+            if total > self.max_context_tokens:
+                raise InvalidInputError(
+                    f"the request's contexts take more than {self.max_context_tokens} tokens in windows "
+                    f"(MAX_CONTEXT_TOKENS); with this one, {total}",
+                    "contexts",
+                    "too_long",
+                    index,
+                )
 
     def attention_length(self, pair: tuple[str, str]) -> tuple[int, str]:
         """A map covers one window: the pair must fit one ([CLS] question [SEP] context [SEP])."""

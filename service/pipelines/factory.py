@@ -36,11 +36,13 @@ def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | No
     if task == "text-classification":
         return TextClassifier(model, policy, observer)
     if task == "image-classification":
-        return ImageClassifier(model, policy, settings.max_image_pixels, observer)
+        return ImageClassifier(
+            model, policy, settings.max_image_pixels, observer, max_request_pixels=settings.max_request_pixels
+        )
     if task == "translation":
         return Translator(model, policy, settings.max_new_tokens, observer)
     if task == "question-answering":
-        return QuestionAnswerer(model, policy, observer)
+        return QuestionAnswerer(model, policy, observer, max_context_tokens=settings.max_context_tokens)
     if task == "token-classification":
         return EntityTagger(model, policy, observer)
     if task == "feature-extraction":

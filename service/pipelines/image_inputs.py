@@ -20,6 +20,17 @@ class ImageDecodeError(ValueError):
     pass
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the header alone: no pixel is decoded."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, for headers far past any limit
+        raise ImageDecodeError(f"image has too many pixels: {exc}") from exc
+    except Exception as exc:  # PIL raises many types for broken data
+        raise ImageDecodeError("could not decode the image: not a PNG or JPEG file") from exc
+
+
 def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> np.ndarray:
     """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size.
 

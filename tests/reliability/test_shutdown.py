@@ -107,11 +107,44 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(
         # Each process logs how many requests it was still answering when the drain began.
         counts = [int(n) for n in re.findall(r"draining: .*?(\d+) request\(s\) in flight", service.log())]
         assert len(counts) == workers and sum(counts) >= 1, counts
-        # uvloop and httptools are what serve (uvicorn silently falls back to asyncio and h11 without them).
+        # uvloop and httptools are what serve (uvicorn silently falls back to asyncio and h11 without them),
+        # httptools with the header deadline (service/http_server.py).
         served_with = re.findall(r"serving with event loop (\S+), HTTP protocol (\S+)", service.log())
-        assert served_with and set(served_with) == {("uvloop.Loop", "HttpToolsProtocol")}, served_with
+        assert served_with and set(served_with) == {("uvloop.Loop", "HttpToolsWithDeadline")}, served_with
         # Each process's ONNX Runtime sessions share one thread pool (ORT_THREAD_POOL=shared, the default).
         shared = re.findall(r"ONNX Runtime sessions share one thread pool", service.log())
         assert len(shared) == workers, service.log()[-3000:]
+    finally:
+        service.stop()
+
+
+def test_sighup_drains_like_sigterm(tiny_models: Path, tmp_path: Path) -> None:
+    """A hang-up (a closed terminal, a careless `kill -HUP`) once ended a one-worker service at once, cutting
+    every stream; it now drains as SIGTERM does: the streams in flight end with their `done` event."""
+    env = {
+        "MODEL_REPOSITORY": str(tiny_models),
+        "MAX_RUNNING_SEQUENCES": "1",
+        "SHUTDOWN_TIMEOUT_S": "60",
+        "CACHE_ENABLED": "false",
+        "INTRA_OP_THREADS": "1",
+    }
+    service = ServiceProcess(free_port(), env, tmp_path / "service.log").start()
+    try:
+        with ThreadPoolExecutor(STREAMS) as pool:
+            first_token = threading.Event()
+            pending = [pool.submit(stream, service.url, f"KING {i}:", first_token) for i in range(STREAMS)]
+            assert first_token.wait(30)
+            assert service.proc is not None
+            service.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            ready = httpx.get(f"{service.url}/health/ready", timeout=10)
+            while ready.status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+                ready = httpx.get(f"{service.url}/health/ready", timeout=10)
+            assert ready.status_code == 503 and ready.json()["status"] == "draining"
+            results = [f.result(timeout=120) for f in pending]
+        for done in results:
+            assert done["finish_reason"] in ("length", "eos", "stop") and done["usage"]["output_tokens"] > 0
+        assert service.proc.wait(timeout=90) == 0, service.log()[-3000:]
     finally:
         service.stop()

@@ -11,6 +11,7 @@ import logging
 import grpc
 from tritonclient.grpc import service_pb2_grpc as rpc
 
+from service.api.grpc.auth import ApiKeyInterceptor
 from service.api.grpc.servicer import InferenceServicer
 from service.api.http.auth import ApiKeys
 from service.inference import InferenceService
@@ -27,12 +28,15 @@ class GrpcServer:
     ) -> None:
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
-        self.server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
+        keys = ApiKeys(
+            settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
         )
-        keys = ApiKeys(settings.api_keys, settings.auth_health, settings.auth_metrics)
+        self.server = grpc.aio.server(
+            interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else [],
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
+        )
         rpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(core, lifecycle, keys, metrics), self.server
+            InferenceServicer(core, lifecycle, metrics, keys, settings.access_log), self.server
         )
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.port = self.server.add_insecure_port(self.address)

@@ -10,6 +10,7 @@ generated service classes come from ``tritonclient.grpc`` (Triton's
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,9 +19,11 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
+from service.api.grpc.auth import metadata_of
 from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
 from service.api.http.auth import ApiKeys, presented_key
+from service.api.http.request_id import client_request_id
 from service.api.v2.infer import InferCall, infer
 from service.api.v2.routes import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
 from service.api.v2.tasks import signature
@@ -30,32 +33,18 @@ from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 
 T = TypeVar("T")
-
-
-UNAUTHENTICATED = "a valid API key is required: metadata authorization: Bearer KEY, or x-api-key: KEY"
+access_log = logging.getLogger("service.access")
 
 
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, core: InferenceService, lifecycle: Lifecycle, keys: ApiKeys, metrics: Metrics) -> None:
+    def __init__(
+        self, core: InferenceService, lifecycle: Lifecycle, metrics: Metrics, keys: ApiKeys, log_access: bool
+    ) -> None:
         self.core = core
         self.lifecycle = lifecycle
-        self.keys = keys
         self.metrics = metrics
-
-    async def _authorize(self, context: grpc.aio.ServicerContext, health: bool = False) -> None:
-        """With API_KEYS, every RPC needs a key in its metadata as on HTTP (health ones unless AUTH_HEALTH)."""
-        if not self.keys.enabled or (health and not self.keys.protects_health):
-            return
-        metadata = {
-            k.lower().encode(): v.encode() if isinstance(v, str) else v
-            for k, v in context.invocation_metadata() or ()
-        }
-        presented = presented_key(metadata)
-        if not (presented and self.keys.accepts(presented)):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                UNAUTHENTICATED if not presented else "the API key is not valid",
-            )
+        self.keys = keys  # checked by the interceptor (auth.py); here only for the caller's cache scope
+        self.log_access = log_access  # ACCESS_LOG: one line per call, as on HTTP
 
     async def _answer(
         self,
@@ -64,9 +53,9 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         request_id: str,
         work: Callable[[], Awaitable[T]],
     ) -> T:
-        """``work()``, counted in flight (a drain waits for it) and in the gRPC metrics, its errors as gRPC
-        statuses."""
-        await self._authorize(context)
+        """``work()``, counted in flight (a drain waits for it), in the gRPC metrics and the access log (id,
+        RPC, status code, model, seconds: never content), its errors as gRPC statuses. API keys are
+        checked before any RPC runs (``auth.py``)."""
         self.lifecycle.request_started()
         request_context = RequestContext(request_id=request_id)
         token = bind(request_context)
@@ -80,9 +69,12 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             await context.abort(code, message)
             raise  # abort raises; this line is never reached
         finally:
+            elapsed = time.perf_counter() - started
             labels = (method, request_context.model or "-", code.name)
             self.metrics.grpc_requests.labels(*labels).inc()
-            self.metrics.grpc_latency.labels(*labels).observe(time.perf_counter() - started)
+            self.metrics.grpc_latency.labels(*labels).observe(elapsed)
+            if self.log_access:
+                access_log.info("gRPC %s %s %.3fs", method, code.name, elapsed)
             in_flight.dec()
             unbind(token)
             self.lifecycle.request_finished()
@@ -106,7 +98,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             signature(model)  # a model without v2 tensors is not there for a v2 client
             return pb.ModelReadyResponse(ready=self.core.phase == "ready")
 
-        return await self._answer(context, "ModelReady", "", ready)
+        return await self._answer(context, "ModelReady", client_request_id(""), ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def metadata() -> pb.ModelMetadataResponse:
@@ -117,13 +109,15 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                     tensors.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
             return out
 
-        return await self._answer(context, "ModelMetadata", "", metadata)
+        return await self._answer(context, "ModelMetadata", client_request_id(""), metadata)
 
     # --- inference --------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """Outputs always as ``raw_output_contents``; the REST envelope's ``cached`` and token counts go in
         the response's ``parameters``, as on HTTP."""
+
+        request_id = client_request_id(request.id)  # for the logs; the response echoes the id as sent
 
         async def run() -> pb.ModelInferResponse:
             call = InferCall(
@@ -132,7 +126,8 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 read_inputs(request),
                 parameters_of(request.parameters),
                 [(out.name, parameters_of(out.parameters)) for out in request.outputs],
-                request_id=request.id,
+                request_id=request_id,
+                cache_scope=self.keys.cache_scope(presented_key(metadata_of(context.invocation_metadata()))),
             )
             result = await infer(self.core, call)
             outcome = result.outcome
@@ -146,4 +141,4 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 add_output(response, output)
             return response
 
-        return await self._answer(context, "ModelInfer", request.id, run)
+        return await self._answer(context, "ModelInfer", request_id, run)

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from service.api.http.errors import MalformedBodyError
-from service.api.v2.tensors import NUMERIC, Output, Tensor, decode_binary, element_count, encode_binary
+from service.api.v2.tensors import Output, Tensor, decode_binary, element_count, encode_binary, numeric_tensor
 
 # datatype -> the InferTensorContents field that holds it (FP16 and BF16: raw only)
 _CONTENTS = {
@@ -82,8 +81,7 @@ def read_inputs(request: pb.ModelInferRequest) -> list[Tensor]:
         if tensor.datatype == "BYTES":
             tensors.append(Tensor(tensor.name, "BYTES", tuple(shape), [bytes(v) for v in values]))
         else:
-            array = np.array(values, dtype=NUMERIC[tensor.datatype]).reshape(tuple(shape))
-            tensors.append(Tensor(tensor.name, tensor.datatype, tuple(shape), array))
+            tensors.append(numeric_tensor(tensor.name, tensor.datatype, shape, values))
     return tensors
 
 

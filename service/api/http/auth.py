@@ -6,45 +6,90 @@ key, no early exit), so response timing does not reveal how much of a guess
 was right. Health probes and /metrics stay open unless AUTH_HEALTH /
 AUTH_METRICS say otherwise (probes and scrapers rarely carry credentials);
 the OpenAPI schema, docs and their assets stay open. The check runs before the body is read.
+The gRPC door applies the same table (``HTTP_ACCESS`` / ``GRPC_ACCESS``) in its interceptor
+(``api/grpc/auth.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
+from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
 
+# Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
+# methods by name. ``open``: always (pages and assets hold no data); ``health`` and ``metrics``: open
+# unless AUTH_HEALTH / AUTH_METRICS; anything not listed needs a key. The gRPC door's health RPCs are
+# the HTTP probes' twins; ServerMetadata, like GET /v2, needs a key.
+Access = Literal["open", "health", "metrics"]
+HTTP_ACCESS: tuple[tuple[str, Access], ...] = (
+    ("/schema", "open"),
+    ("/static/", "open"),
+    ("/playground", "open"),
+    ("/health/", "health"),
+    ("/v2/health/", "health"),
+    ("/metrics", "metrics"),
+)
+GRPC_ACCESS: dict[str, Access] = {"ServerLive": "health", "ServerReady": "health"}
+
+
+# Where the auth middleware leaves an accepted request's cache scope (``cache_scope_of``).
+CACHE_SCOPE_KEY = "cache_scope"
+
 
 class ApiKeys:
-    def __init__(self, keys: Sequence[str], protect_health: bool, protect_metrics: bool) -> None:
+    def __init__(
+        self, keys: Sequence[str], protect_health: bool, protect_metrics: bool, scope_cache: bool = False
+    ) -> None:
         self._keys = [k.encode() for k in keys if k]
-        self._open_prefixes = ["/schema", "/static/", "/playground"]  # pages and assets; they hold no data
+        self._scope_cache = scope_cache
+        self._open: set[str] = {"open"}
         if not protect_health:
-            self._open_prefixes += ["/health/", "/v2/health/"]
+            self._open.add("health")
         if not protect_metrics:
-            self._open_prefixes.append("/metrics")
+            self._open.add("metrics")
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    @property
-    def protects_health(self) -> bool:
-        return "/health/" not in self._open_prefixes
-
     def is_open(self, path: str) -> bool:
+        """Whether the HTTP ``path`` answers without a key."""
         if path == "/":  # the redirect to the playground
             return True
-        return any(path == p.rstrip("/") or path.startswith(p) for p in self._open_prefixes)
+        for prefix, access in HTTP_ACCESS:
+            if path == prefix.rstrip("/") or path.startswith(prefix):
+                return access in self._open
+        return False
+
+    def rpc_is_open(self, method: str) -> bool:
+        """Whether the gRPC method (``ServerLive``, or its full name ``/inference.GRPCInferenceService/...``)
+        answers without a key."""
+        access = GRPC_ACCESS.get(method.rsplit("/", 1)[-1])
+        return access is not None and access in self._open
+
+    def cache_scope(self, presented: bytes) -> str:
+        """The response-cache scope of a request that presented ``presented`` (CACHE_SCOPE=key: a digest of
+        the key, never the key itself, since cache keys are readable in Redis; else the shared one, "")."""
+        if not (self._scope_cache and self.enabled and presented):
+            return ""
+        return hashlib.sha256(b"tserve-cache-scope:" + presented).hexdigest()[:32]
 
     def accepts(self, presented: bytes) -> bool:
         valid = False
         for key in self._keys:  # every key is compared, whichever matches
             valid |= hmac.compare_digest(presented, key)
         return valid
+
+
+def cache_scope_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The response-cache scope the key check gave this request ("" without keys, or CACHE_SCOPE=shared)."""
+    return str((connection.scope.get("state") or {}).get(CACHE_SCOPE_KEY, ""))
 
 
 def presented_key(headers: Mapping[bytes, bytes]) -> bytes:
@@ -74,6 +119,7 @@ def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
                 return
             presented = _presented_key(scope)
             if presented and keys.accepts(presented):
+                scope.setdefault("state", {})[CACHE_SCOPE_KEY] = keys.cache_scope(presented)  # type: ignore[typeddict-item]
                 await app(scope, receive, send)
                 return
             await send_error(

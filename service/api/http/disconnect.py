@@ -44,3 +44,7 @@ async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T
         watcher.cancel()
         if not task.done():  # our own caller was cancelled
             task.cancel()
+        # The error task.result() raises carries this frame in its traceback, and the task holds the
+        # error: a reference cycle that keeps the request (its whole body) alive until the garbage
+        # collector's next full pass. Dropping the task breaks it, so the request is freed at once.
+        del task

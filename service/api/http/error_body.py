@@ -22,6 +22,9 @@ ERROR_KINDS: dict[str, ErrorKind] = {
     "model_not_found": ErrorKind(404, "no loaded model by that name, or none for the task (field `model`)"),
     "not_found": ErrorKind(404, "no such path"),
     "method_not_allowed": ErrorKind(405, "the path does not take this method"),
+    "request_timeout": ErrorKind(
+        408, "the body did not arrive within BODY_READ_TIMEOUT_S; the connection is closed"
+    ),
     "payload_too_large": ErrorKind(413, "body over MAX_BODY_BYTES"),
     "unsupported_media_type": ErrorKind(415, "wrong Content-Type (field `Content-Type`)"),
     "validation_error": ErrorKind(

@@ -20,6 +20,7 @@ from litestar import Request, post
 from litestar.exceptions import SerializationException
 from litestar.openapi.datastructures import ResponseSpec
 
+from service.api.http.client_json import malformed
 from service.api.http.errors import MalformedBodyError, UnsupportedMediaTypeError
 
 
@@ -42,16 +43,10 @@ async def read_json(request: Request[Any, Any, Any]) -> None:
     """
     try:
         await request.json()  # cached on the connection: the handler's `data` reuses it
-    except SerializationException as exc:
-        raise MalformedBodyError(
-            str(exc.detail), "malformed_json"
-        ) from exc  # msgspec's "JSON is malformed: ..."
-    except UnicodeDecodeError as exc:
-        raise MalformedBodyError(
-            f"JSON is malformed: not valid UTF-8 at byte {exc.start} ({exc.reason})", "malformed_json"
-        ) from exc
-    except RecursionError as exc:
-        raise MalformedBodyError("JSON is malformed: nested too deeply", "malformed_json") from exc
+    except SerializationException as exc:  # msgspec's "JSON is malformed: ..."
+        raise malformed(ValueError(str(exc.detail))) from exc
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise malformed(exc) from exc
 
 
 async def require_multipart(request: Request[Any, Any, Any]) -> None:

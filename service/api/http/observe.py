@@ -1,5 +1,6 @@
 """Per-request bookkeeping, in one middleware: the request id (``request_id.py``), the request context
-(id, model) for logs, in-flight counting, HTTP metrics, and the access log.
+(id, model) for logs, HTTP metrics (requests open, answered, latency), and the access log. Admission
+(the body, the in-flight bound) is ``admission.py``, inside this one and the key check.
 
 One middleware rather than one per job: each ASGI layer wraps ``send`` and ``receive`` again, and a
 request crosses every layer several times. It runs once a route matched (so the route label is the
@@ -21,22 +22,14 @@ from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from service.api.http.raw_errors import send_error
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
-from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 
 access_log = logging.getLogger("service.access")
 
 
-# Probes and scrapes are answered whatever the load: they are how operators see it.
-_ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
-
-
-def observe_requests(
-    metrics: Metrics, lifecycle: Lifecycle, max_in_flight: int, log_access: bool = True
-) -> Callable[[ASGIApp], ASGIApp]:
+def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASGIApp], ASGIApp]:
     # The labelled children per (route, method, model, status): prometheus_client's labels() takes a
     # lock and builds a key on every call, a measurable share of the event loop's time per request.
     cache: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
@@ -56,31 +49,11 @@ def observe_requests(
             rid = assign_request_id(scope)
             route = scope.get("path_template") or "unmatched"
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
-            if lifecycle.in_flight >= max_in_flight and not route.startswith(_ALWAYS_ANSWERED):
-                # Past the model queues' own bounds: refuse before the body is even read.
-                children(route, method, "", 503)[0].inc()
-
-                async def send_refusal(message: Message) -> None:
-                    if message["type"] == "http.response.start":
-                        with_request_id(message, rid)
-                    await send(message)
-
-                await send_error(
-                    scope,
-                    send_refusal,
-                    503,
-                    "overloaded",
-                    f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
-                    "retry later",
-                    headers={"Retry-After": "1"},
-                )
-                return
             context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
             in_flight = metrics.http_in_flight.labels(route)
             in_flight.inc()
-            lifecycle.request_started()
             started = time.perf_counter()
             sizes = [0, 0]  # body bytes received, sent
 
@@ -111,7 +84,6 @@ def observe_requests(
                         "%s %s %d in=%dB out=%dB %.3fs", method, route, status, sizes[0], sizes[1], elapsed
                     )
                 in_flight.dec()
-                lifecycle.request_finished()
                 unbind(token)
 
         return middleware

@@ -1,5 +1,7 @@
 """Request ids: taken from the client's X-Request-ID when sane, else made up; echoed on every response.
 
+The same rule (``client_request_id``) makes the gRPC door's ids.
+
 Error bodies carry it too, so a client's bug report points at one log line.
 """
 
@@ -18,6 +20,14 @@ STATE_KEY = "request_id"
 _SANE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
+def client_request_id(given: str) -> str:
+    """The one rule for an id a client sets, on every door (HTTP's X-Request-ID, gRPC's request ``id``):
+    kept when it is 1-128 characters of ``A-Za-z0-9._:-``, else replaced by a new one. What reaches the
+    logs and the error bodies is always this id; a protocol that echoes the client's own ``id`` field
+    (the Open Inference Protocol) still echoes it as sent."""
+    return given if _SANE.match(given) else uuid.uuid4().hex
+
+
 def request_id_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     state = connection.scope.get("state") or {}
     value = state.get(STATE_KEY)
@@ -33,7 +43,7 @@ def assign_request_id(scope: Scope) -> str:
     Called by the request middleware (``service.api.http.observe``), first thing for every routed request.
     """
     given = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == _HEADER_BYTES), "")
-    rid = given if _SANE.match(given) else uuid.uuid4().hex
+    rid = client_request_id(given)
     scope.setdefault("state", {})[STATE_KEY] = rid  # type: ignore[typeddict-item]
     return rid
 

@@ -19,13 +19,13 @@ from typing import Any, Literal
 
 from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.response import Stream
 
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import json_post
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
+from service.api.http.streaming import GenerationChunks
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS, openai_stream_error
 from service.api.openai.schemas import (
     CompletionBody,
@@ -161,7 +161,6 @@ async def _chunks(
     def chunk(choice: CompletionChoice) -> bytes:
         return response([choice])
 
-    finished = False
     offsets = [0] * len(streams.streams)  # characters sent per choice, for text_offset
     results: list[Generation | None] = [None] * len(streams.streams)
     try:
@@ -180,15 +179,10 @@ async def _chunks(
                 results[k] = item
                 finish = _FINISH[item.finish_reason]
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=finish))
-        finished = True
         if data.stream_options is not None and data.stream_options.include_usage:
             yield response([], _usage(streams.usage([r for r in results if r is not None])))
     except Exception as exc:  # headers are sent: the failure can only be reported in-band, as vLLM does
-        finished = True
         yield _sse(json.dumps(openai_stream_error(exc, request)))
-    finally:
-        if not finished:  # the client went away (or the server is stopping): stop decoding
-            streams.cancel()
     yield b"data: [DONE]\n\n"
 
 
@@ -256,7 +250,9 @@ class CompletionsController(Controller):
             data.prompts, data.sampling_params(), data.model, request_id_of(request) or "", data.choices
         )
         body = _chunks(data, request, streams, texts)
-        return Stream(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return GenerationChunks(
+            body, streams, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @json_post(
         "OpenAI chat completion: refused, the model has no chat template",

@@ -15,6 +15,7 @@ from litestar import Controller
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
@@ -38,7 +39,7 @@ def _no_token_ids(value: Any) -> Any:
     return value
 
 
-class EmbeddingsRequest(BaseModel):
+class EmbeddingsRequest(NoBooleanNumbers):
     """OpenAI's ``POST /v1/embeddings`` body."""
 
     model_config = ConfigDict(extra="forbid")

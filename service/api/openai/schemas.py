@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.error_body import ERROR_KINDS
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.common import ModelName, Text, json_body, json_schema_of
@@ -37,7 +38,7 @@ def _unsupported(field: str, why: str) -> PydanticCustomError:
     return PydanticCustomError("unsupported", "{field} is not supported: {why}", {"field": field, "why": why})
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(NoBooleanNumbers):
     """OpenAI's ``POST /v1/completions`` body. Every prompt x ``n`` choice is one sequence in the engine's
     running batch; choice ``i`` of a seeded request samples with ``seed + i`` (as vLLM does)."""
 

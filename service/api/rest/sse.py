@@ -5,9 +5,8 @@ Event data is JSON:
 - ``event: done`` -> ``{"model", "model_version", "finish_reason", "text", "usage"}``, last;
 - ``event: error`` -> the error body ``{"error": {"type", "message", ...}}``, if decoding fails mid-stream.
 
-When the client disconnects, Litestar cancels the response's stream; the
-``finally`` below then cancels the sequence, so the engine stops decoding it
-at its next step (and counts it in ``cancelled_sequences``).
+The response owns the sequence (``api/http/streaming.py``): whenever it ends, before its first byte
+or mid-stream, the sequence is cancelled, so the engine stops decoding it at its next step.
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import ServerSentEventMessage
 
 from service.api.http.error_body import ErrorBody, ErrorDetail
+from service.api.http.streaming import GenerationEvents
 from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
 from service.inference import (
     BatcherClosedError,
@@ -40,13 +40,11 @@ async def _events(
     streams: GenerationStreams, request_id: str | None
 ) -> AsyncIterator[ServerSentEventMessage]:
     (stream,) = streams.streams
-    finished = False
     try:
         async for event in stream:
             data = TokenEventOut(index=event.index, token_id=event.token_id, text=event.text)
             yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
         result = await stream.result()
-        finished = True
         usage = streams.usage([result])
         done = DoneEventOut(
             model=streams.model,
@@ -61,7 +59,6 @@ async def _events(
         )
         yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
-        finished = True
         kind = _STREAM_ERRORS.get(type(exc))
         if kind is None:
             log.exception("generation stream failed", exc_info=exc)
@@ -73,10 +70,7 @@ async def _events(
         yield ServerSentEventMessage(
             data=ErrorBody(error=detail).model_dump_json(exclude_none=True), event="error"
         )
-    finally:
-        if not finished:  # the client went away (or the server is stopping): stop decoding this sequence
-            stream.cancel()
 
 
-def generation_events(streams: GenerationStreams, request_id: str | None) -> ServerSentEvent:
-    return ServerSentEvent(_events(streams, request_id))
+def generation_events(streams: GenerationStreams, request_id: str | None) -> GenerationEvents:
+    return GenerationEvents(_events(streams, request_id), streams)

@@ -19,6 +19,7 @@ from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
+from service.api.http.streaming import GenerationEvents
 from service.api.rest.envelope import cache_control
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from service.api.v2.schemas import GenerateRequest, GenerateResponse
@@ -170,7 +171,7 @@ class GenerateExtensionController(Controller):
             streams = await core.open_streams(
                 [data.text_input], sampling_params(**values), model.name, request_id_of(request) or ""
             )
-        return ServerSentEvent(_token_chunks(streams, base, request))
+        return GenerationEvents(_token_chunks(streams, base, request), streams)
 
 
 async def _single(chunk: dict[str, Any]) -> AsyncIterator[ServerSentEventMessage]:
@@ -181,19 +182,13 @@ async def _token_chunks(
     streams: GenerationStreams, base: dict[str, Any], request: Request[Any, Any, Any]
 ) -> AsyncIterator[ServerSentEventMessage]:
     (stream,) = streams.streams
-    finished = False
     try:
         async for event in stream:
             yield ServerSentEventMessage(
                 data=msgspec.json.encode({**base, "text_output": event.text}).decode()
             )
         result = await stream.result()
-        finished = True
         last = {**base, "text_output": "", "finish_reason": result.finish_reason}
         yield ServerSentEventMessage(data=msgspec.json.encode(last).decode())
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
-        finished = True
         yield ServerSentEventMessage(data=msgspec.json.encode(v2_stream_error(exc, request)).decode())
-    finally:
-        if not finished:  # the client went away: stop decoding this sequence
-            stream.cancel()

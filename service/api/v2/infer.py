@@ -30,6 +30,7 @@ class InferCall:
     outputs: Sequence[tuple[str, Mapping[str, Any]]] = ()
     use_cache_header: str | None = None  # HTTP's Cache-Control; None elsewhere
     request_id: str = ""
+    cache_scope: str = ""  # the caller's response-cache scope (CACHE_SCOPE)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ async def infer(core: InferenceService, call: InferCall) -> InferResult:
     binary_default = flag(parameters, "binary_data_output", False)
     use_cache = flag(parameters, "cache", True)
     wanted = _requested(model.name, sig, call.outputs, binary_default)
-    cache = CacheControl.of(use_cache, call.use_cache_header)
+    cache = CacheControl.of(use_cache, call.use_cache_header, call.cache_scope)
     outcome, outputs = await RUNNERS[model.task](
         model, inputs, parameters, Call(core, cache, call.request_id)
     )

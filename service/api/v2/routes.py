@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, cast
 
-import msgspec
 from litestar import Controller, Request, Response, get, post, route
 from litestar.exceptions import NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
 from pydantic import ValidationError
 
+from service.api.http.auth import cache_scope_of
+from service.api.http.client_json import parse_client_json
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
-from service.api.http.errors import MalformedBodyError
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.rest.schemas.common import json_schema_of
@@ -58,7 +58,7 @@ PLATFORM = "onnxruntime_onnx"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NO_TENSORS = "its task has no tensors on the v2 protocol"
 _UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
-_INDEX_ERRORS = v2_error_responses(400, 413)
+_INDEX_ERRORS = v2_error_responses(400, 408, 413)
 
 MODEL = "/models/{model_name:str}"
 VERSIONED = "/models/{model_name:str}/versions/{model_version:str}"
@@ -263,9 +263,7 @@ class OpenInferenceController(Controller):
         ready_only = False
         if body.strip():
             try:
-                parsed = RepositoryIndexRequest.model_validate(msgspec.json.decode(body))
-            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-                raise MalformedBodyError(f"the body is not valid JSON: {exc}", "malformed_json") from exc
+                parsed = RepositoryIndexRequest.model_validate(parse_client_json(body, "the body"))
             except ValidationError as exc:
                 raise InvalidInputError(f"ready: {exc.errors()[0]['msg']}", "ready") from exc
             ready_only = bool(parsed.ready)
@@ -326,6 +324,7 @@ class OpenInferenceController(Controller):
             [(out.name, out.parameters or {}) for out in body.outputs or []],
             request.headers.get("cache-control"),
             request_id_of(request) or "",
+            cache_scope_of(request),
         )
         result = await unless_disconnected(request, infer(services.inference, call))
         return _infer_response(result.outcome, body.id, result.outputs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StrictInt, model_serializer
 
 Parameter = str | int | float | bool
 
@@ -58,7 +58,7 @@ class ModelMetadata(BaseModel):
 
 class RequestInput(BaseModel):
     name: str = Field(min_length=1, max_length=128)
-    shape: list[int] = Field(max_length=8)
+    shape: list[StrictInt] = Field(max_length=8, description="Non-negative integers (not booleans or 2.0)")
     datatype: str = Field(min_length=1, max_length=16)
     parameters: dict[str, Any] | None = Field(
         default=None, description="`binary_data_size`: the tensor's bytes follow the JSON header"

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from service.api.http.client_json import parse_client_json
+from service.api.http.errors import MalformedBodyError
 from service.api.http.fields import FieldNames
 from service.api.v2.tensors import Output, Tensor
 from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
@@ -222,10 +224,11 @@ def core_parameters(
 
 
 def _stop_strings(value: str) -> Any:
+    """A ``stop`` string holding a JSON list is that list; any other string (JSON or not) is one stop string."""
     if value.startswith("["):
         try:
-            return json.loads(value)
-        except ValueError:
+            return parse_client_json(value)
+        except MalformedBodyError:
             pass
     return [value]
 

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
+from service.api.http.client_json import parse_client_json
 from service.api.http.errors import MalformedBodyError
 
 # datatype -> numpy dtype (little-endian); BYTES has none: its elements are byte strings.
@@ -43,6 +44,7 @@ NUMERIC: dict[str, np.dtype[Any]] = {
 }
 DATATYPES = (*NUMERIC, "BYTES")
 MAX_DIMS = 8
+MAX_ELEMENTS = 2**31 - 1  # far past any body MAX_BODY_BYTES admits; numpy's own limit is near 2**63
 _LENGTH = struct.Struct("<I")
 
 
@@ -64,12 +66,20 @@ class Tensor:
 
 
 def element_count(name: str, shape: Any) -> int:
-    """The number of elements of ``shape``; a shape that is not a short list of non-negative ints is a 400."""
+    """The number of elements of ``shape``; a shape that is not a short list of non-negative ints, or that
+    no array could have, is a 400.
+
+    Every path that makes an array (JSON ``data``, binary data, gRPC contents) counts through here first,
+    so numpy never meets a shape it refuses: ``[0, 10**20]`` holds no element, but numpy cannot make an
+    array of it (nor of ``[0, 2**62, 8]``, whose other axes overflow its size), so the product of the
+    non-zero axes is bounded too."""
     if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
         raise _bad(name, f"shape must be a list of at most {MAX_DIMS} non-negative integers")
     for dim in shape:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise _bad(name, f"shape {list(shape)} must hold non-negative integers")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise _bad(name, f"shape {list(shape)} describes more than {MAX_ELEMENTS} elements along its axes")
     return math.prod(shape)
 
 
@@ -140,8 +150,14 @@ def decode_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Te
     )
     if not all(isinstance(v, wanted) and (datatype == "BOOL" or not isinstance(v, bool)) for v in flat):
         raise _bad(name, f"data must hold {datatype} values")
+    return numeric_tensor(name, datatype, shape, flat)
+
+
+def numeric_tensor(name: str, datatype: str, shape: Sequence[int], values: Sequence[Any]) -> Tensor:
+    """A numeric tensor from its values (counted against ``shape`` already): a value its datatype cannot
+    hold (300 as INT8, -1 as UINT32) is a 400, as every other mistake in the data."""
     try:
-        array = np.array(flat, dtype=dtype).reshape(tuple(shape))
+        array = np.array(values, dtype=NUMERIC[datatype]).reshape(tuple(shape))
     except (OverflowError, ValueError) as exc:
         raise _bad(name, f"data does not fit {datatype}: {exc}") from exc
     return Tensor(name, datatype, tuple(shape), array)
@@ -202,10 +218,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
                 field="Inference-Header-Content-Length",
             )
         json_part, rest = body[:length], memoryview(body)[length:]
-    try:
-        header = msgspec.json.decode(json_part)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise MalformedBodyError(f"the inference header is not valid JSON: {exc}", "malformed_json") from exc
+    header = parse_client_json(json_part, "the inference header")
     if not isinstance(header, dict):
         raise MalformedBodyError("the inference header must be a JSON object", "malformed_json")
     return header, rest

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.json_schema import JsonSchemaMode
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.fields import FieldNames, one_or_many
 from service.inference import Usage
 from service.inference.params import RANGES
@@ -40,8 +41,9 @@ def ranged(name: str, default: Any, description: str) -> Any:
     return Field(default=default, description=description, ge=low, le=high)
 
 
-class Request(BaseModel):
-    """Unknown fields are rejected: a misspelt parameter must not silently fall back to its default."""
+class Request(NoBooleanNumbers):
+    """Unknown fields are rejected: a misspelt parameter must not silently fall back to its default; a
+    boolean is not a number (``NoBooleanNumbers``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -81,6 +81,8 @@ class RequestLimitsOut(BaseModel):
     max_body_bytes: int
     max_image_bytes: int
     max_image_pixels: int
+    max_request_pixels: int = Field(description="Width x height summed over one request's images")
+    max_context_tokens: int = Field(description="QA: tokens in one request's windows, all pairs together")
 
 
 class ModelsResponse(BaseModel):

@@ -1,0 +1,158 @@
+"""Admission at the HTTP edge: a request's body arrives whole, in time and within its size, before the request
+counts against MAX_IN_FLIGHT_REQUESTS.
+
+A request that is still sending its body holds no slot: a thousand clients trickling a byte at a time
+cannot lock the inference routes out (they would, counted from their headers). Each body has
+BODY_READ_TIMEOUT_S to arrive (a 408 then, and the connection closed) and MAX_BODY_BYTES to fit in:
+a declared ``Content-Length`` over it is refused before a byte is read, a chunked body as soon as it
+passes it (413 either way), so an oversized body is never held in memory whole.
+
+The body read here is handed to the app as one ``http.request`` message; everything ``receive``
+gives after it (``http.disconnect``) comes from the server as before. Requests without a body (no
+``Content-Length``, no ``Transfer-Encoding``) pass without a read. Probes and scrapes are answered
+whatever the load: they are how operators see it.
+
+This runs inside the API-key check (``auth.py``), so a request without a valid key is refused before
+its body is read, and inside ``observe.py``, so every answer here has its request id, metrics and
+access-log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Callable
+
+from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
+
+from service.api.http.raw_errors import send_error
+from service.lifecycle import Lifecycle
+
+# Probes and scrapes are answered whatever the load: they are how operators see it.
+ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _declared_length(scope: Scope) -> tuple[int | None, bool]:
+    """(Content-Length, whether a body comes at all) from the request's headers."""
+    length: int | None = None
+    chunked = False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            with contextlib.suppress(ValueError):
+                length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length, chunked or bool(length)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        body: bytes = message.get("body", b"")  # type: ignore[assignment]
+        size += len(body)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(body)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+if sys.version_info >= (3, 11):
+
+    async def _read_body_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(receive, limit)
+
+else:  # pragma: no cover - Python 3.10
+
+    async def _read_body_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
+        return await asyncio.wait_for(_read_body(receive, limit), timeout_s)
+
+
+def admit_requests(
+    lifecycle: Lifecycle, max_in_flight: int, max_body_bytes: int, body_timeout_s: float
+) -> Callable[[ASGIApp], ASGIApp]:
+    def middleware_factory(app: ASGIApp) -> ASGIApp:
+        async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            length, has_body = _declared_length(scope)
+            if length is not None and length > max_body_bytes:
+                await _refuse(scope, send, 413, "payload_too_large", _too_large(max_body_bytes))
+                return
+            inner_receive = receive
+            if has_body:
+                try:
+                    body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
+                except _Disconnected:
+                    return  # nobody to answer
+                except _TooLarge:
+                    await _refuse(scope, send, 413, "payload_too_large", _too_large(max_body_bytes))
+                    return
+                except TimeoutError:
+                    await _refuse(
+                        scope,
+                        send,
+                        408,
+                        "request_timeout",
+                        f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
+                    )
+                    return
+                inner_receive = _replay(body, receive)
+            route = scope.get("path_template") or "unmatched"
+            if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
+                await send_error(
+                    scope,
+                    send,
+                    503,
+                    "overloaded",
+                    f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
+                    "retry later",
+                    headers={"Retry-After": "1"},
+                )
+                return
+            lifecycle.request_started()
+            try:
+                await app(scope, inner_receive, send)
+            finally:
+                lifecycle.request_finished()
+
+        return middleware
+
+    return middleware_factory
+
+
+def _too_large(limit: int) -> str:
+    return f"the request body is over {limit} bytes (MAX_BODY_BYTES)"
+
+
+async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:
+    """An answer to a request whose body was not (or not all) read: the connection closes after it, since
+    what is left of the body would otherwise be read as the next request."""
+    await send_error(scope, send, status, kind, message, headers={"Connection": "close"})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app: the whole body once, then whatever the server sends (``http.disconnect``)."""
+    pending: list[ReceiveMessage] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> ReceiveMessage:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replayed

@@ -1,0 +1,121 @@
+"""How uvicorn serves the app: the one place its settings are made, for ``python -m service`` and the tests.
+
+uvicorn has no deadline for a request's headers: its keep-alive timer is cancelled by the first
+byte of a new request, so a client that sends a header line every few seconds holds a connection
+for ever (slowloris). ``HEADER_READ_TIMEOUT_S`` bounds the time from a connection's opening (or the
+end of its previous response) to the end of its next request's headers; past it the server answers
+408 and closes the connection. The same deadline is added to both of uvicorn's HTTP/1.1 protocols
+(httptools, h11), whichever ``--http`` picks. The body has its own deadline, in the app's admission
+middleware (``service.api.http.admission``), since uvicorn hands the body to the app as it comes.
+
+No ``Server`` header: it tells an attacker which server (and so which advisories) to try, and tells a
+client nothing it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service.settings import Settings
+
+_TIMEOUT_BODY = b"the request's headers did not arrive within HEADER_READ_TIMEOUT_S"
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
+
+
+class HeaderDeadline:
+    """A mixin for uvicorn's HTTP protocols: 408 and close when a request's headers take too long.
+
+    The deadline starts when the connection opens and again when a response completes (the next
+    request's idle time counts, as the keep-alive timeout's does); it is met when the protocol starts
+    a new request cycle, which both protocols do once the headers are complete.
+    """
+
+    config: Any
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_cycle: Any = None
+
+    def _arm_header_deadline(self) -> None:
+        self._header_cycle = self.cycle  # the cycle the headers of the next request will replace
+        timeout_s = getattr(self.config, "header_read_timeout_s", 10.0)
+        self._header_timer = self.loop.call_later(timeout_s, self._header_deadline_passed)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_deadline_passed(self) -> None:
+        self._header_timer = None
+        idle = self.cycle is None or self.cycle.response_complete  # no request of its own is being answered
+        if self.cycle is self._header_cycle and idle and not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._disarm_header_deadline()
+        if not self.transport.is_closing():
+            self._arm_header_deadline()
+
+
+class HttpToolsWithDeadline(HeaderDeadline, HttpToolsProtocol):
+    """uvicorn's httptools protocol (its choice when httptools is installed) with the header deadline."""
+
+
+class H11WithDeadline(HeaderDeadline, H11Protocol):
+    """uvicorn's h11 protocol with the header deadline."""
+
+
+def _protocol(http: str) -> type[asyncio.Protocol]:
+    """The protocol class uvicorn's ``http`` setting names (``auto``: httptools when it imports), with the
+    header deadline."""
+    if http in ("auto", "httptools"):
+        try:
+            import httptools  # noqa: F401
+
+            return HttpToolsWithDeadline
+        except ImportError:
+            if http == "httptools":
+                raise
+    return H11WithDeadline
+
+
+class ServerConfig(uvicorn.Config):
+    """uvicorn's ``Config`` plus the header deadline (a module-level class: worker processes unpickle it)."""
+
+    def __init__(self, app: Any, header_read_timeout_s: float, **options: Any) -> None:
+        super().__init__(app, **options)
+        self.header_read_timeout_s = header_read_timeout_s
+
+
+def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """uvicorn's ``Config`` for ``app`` (the app, or an import string with ``factory=True``) under
+    ``settings``; ``options`` are passed on (host, port, workers, log level...)."""
+    options.setdefault("host", settings.host)
+    options.setdefault("port", settings.port)
+    return ServerConfig(
+        app,
+        settings.header_read_timeout_s,
+        http=_protocol(options.pop("http", "auto")),
+        server_header=False,
+        **options,
+    )
