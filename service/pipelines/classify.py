@@ -17,7 +17,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
 from .base import BatchedPipeline, TextEncoderPipeline
-from .image_inputs import ImageDecodeError, decode_image, image_size, to_pixel_values
+from .image_inputs import ImageDecodeError, decode_image, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
@@ -110,12 +110,13 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         return decoded
 
     def _check_request_pixels(self, images: Sequence[bytes]) -> None:
-        """The request's pixels, summed from the images' headers before any is decoded (MAX_REQUEST_PIXELS)."""
+        """Every image's header (format, MAX_IMAGE_PIXELS) and the request's pixels together
+        (MAX_REQUEST_PIXELS), before any image is decoded."""
         assert self.max_request_pixels is not None
         total = 0
         for index, data in enumerate(images):
             try:
-                width, height = image_size(data)
+                width, height = open_image(data, self.max_image_pixels).size
             except ImageDecodeError as exc:
                 raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
             total += width * height

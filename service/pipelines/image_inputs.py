@@ -20,24 +20,12 @@ class ImageDecodeError(ValueError):
     pass
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) from the header alone: no pixel is decoded."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except Image.DecompressionBombError as exc:  # Pillow's own guard, for headers far past any limit
-        raise ImageDecodeError(f"image has too many pixels: {exc}") from exc
-    except Exception as exc:  # PIL raises many types for broken data
-        raise ImageDecodeError("could not decode the image: not a PNG or JPEG file") from exc
-
-
-def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> np.ndarray:
-    """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size.
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
+    """The image with only its header read: a PNG or JPEG of at most ``max_pixels``, else ImageDecodeError.
 
     The pixel count is checked from the header before any pixel is decoded,
     so a decompression bomb is refused, not expanded.
     """
-    image: Image.Image
     try:
         image = Image.open(io.BytesIO(data))
         if image.format not in ("PNG", "JPEG"):
@@ -45,13 +33,23 @@ def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> 
         width, height = image.size
         if width * height > max_pixels:
             raise ImageDecodeError(f"image has {width}x{height} pixels, more than the limit of {max_pixels}")
-        image.load()
     except ImageDecodeError:
         raise
     except UnidentifiedImageError as exc:
         raise ImageDecodeError("could not decode the image: not a PNG or JPEG file") from exc
     except Image.DecompressionBombError as exc:  # Pillow's own guard, for headers far past any limit
         raise ImageDecodeError(f"image has more pixels than the limit of {max_pixels}: {exc}") from exc
+    except Exception as exc:  # PIL raises many types for broken data
+        raise ImageDecodeError(f"could not decode the image: {exc}") from exc
+    return image
+
+
+def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> np.ndarray:
+    """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size (``open_image``'s checks
+    first)."""
+    image = open_image(data, max_pixels)
+    try:
+        image.load()
     except Exception as exc:  # PIL raises many types for broken data
         raise ImageDecodeError(f"could not decode the image: {exc}") from exc
     if image.mode in ("RGBA", "LA", "P"):  # flatten transparency onto black, the training background

@@ -33,6 +33,8 @@ LIMITS = {
     "MAX_BODY_BYTES": 64 * 1024,
     "MAX_IMAGE_BYTES": 16 * 1024,
     "MAX_IMAGE_PIXELS": 512 * 512,
+    "MAX_REQUEST_PIXELS": 3 * 256 * 256,
+    "MAX_CONTEXT_TOKENS": 600,
 }
 
 
@@ -72,6 +74,36 @@ def png_bomb(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     rows = zlib.compress(b"\0" * (width + 1) * 8, 9)  # the first 8 rows; a bomb needs no more to look real
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+# --- what one request may cost ------------------------------------------------------------------
+
+
+def test_a_request_s_pixels_are_bounded_together(client: httpx.Client) -> None:
+    """MAX_REQUEST_PIXELS counts every image of the request from its header, before any is decoded, and
+    names the image that passes it."""
+    square = base64.b64encode(png(256, 256)).decode()
+    assert client.post("/v1/classify", json={"images": [square] * 3}).status_code == 200
+    error = refused(client.post("/v1/classify", json={"images": [square] * 4}), 422, "images[3]", "too_large")
+    assert "MAX_REQUEST_PIXELS" in error["message"]
+
+
+def test_a_qa_request_s_window_tokens_are_bounded_together(client: httpx.Client) -> None:
+    """MAX_CONTEXT_TOKENS counts the tokens of every window of every pair (usage.input_tokens), and names
+    the pair that passes it."""
+    context = "Marie lives in Paris with her cat and a small dog. " * 6
+    one = client.post(
+        "/v1/extract", json={"task": "qa", "question": "Who lives in Paris?", "context": context}
+    )
+    assert one.status_code == 200, one.text
+    tokens = one.json()["usage"]["input_tokens"]
+    fits = LIMITS["MAX_CONTEXT_TOKENS"] // tokens
+    assert 1 <= fits < LIMITS["MAX_ITEMS"], tokens
+    items = [{"question": "Who lives in Paris?", "context": context}] * (fits + 1)
+    r = client.post("/v1/extract", json={"task": "qa", "items": items})
+    error = refused(r, 422, f"items[{fits}].context", "too_long")
+    assert "MAX_CONTEXT_TOKENS" in error["message"]
+    assert client.post("/v1/extract", json={"task": "qa", "items": items[:fits]}).status_code == 200
 
 
 # --- sizes and counts ------------------------------------------------------------------------------
