@@ -44,6 +44,7 @@ JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 CONFIGURATIONS: dict[str, dict[str, str]] = {
     "trimmer (MALLOC_TRIM_MIB=32, the default)": {},
+    "trimmer and MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"},
     "glibc as it is": {"MALLOC_TRIM_MIB": "0"},
     "MALLOC_ARENA_MAX=2": {"MALLOC_TRIM_MIB": "0", "MALLOC_ARENA_MAX": "2"},
     "MALLOC_MMAP_THRESHOLD_=1 MiB": {"MALLOC_TRIM_MIB": "0", "MALLOC_MMAP_THRESHOLD_": "1048576"},
@@ -79,7 +80,7 @@ async def burst(port: int, payloads: list[bytes], count: int) -> list[int]:
                 "POST",
                 "/v1/classify",
                 payloads[i % len(payloads)],
-                headers={"Content-Type": "application/json"},
+                content_type="application/json",
             )
             return response.status
         finally:

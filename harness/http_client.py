@@ -104,11 +104,12 @@ class HTTPConnection:
         payload: Any = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        content_type: str = "application/octet-stream",
     ) -> Response:
-        """Send ``payload`` as JSON (``bytes`` go as they are, application/octet-stream); TimeoutError after
+        """Send ``payload`` as JSON (``bytes`` go as they are, as ``content_type``); TimeoutError after
         ``timeout_s`` (default the connection's)."""
         if isinstance(payload, bytes):
-            body, content_type = payload, "application/octet-stream"
+            body = payload
         else:
             body = b"" if payload is None else json.dumps(payload).encode()
             content_type = "application/json"

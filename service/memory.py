@@ -1,18 +1,22 @@
-"""Resident memory back near where it was after a burst: freed heap pages returned to the OS.
+"""Resident memory back near where it was after a burst: freed heap memory returned to the OS.
 
 glibc keeps the memory a burst of large requests freed (a few hundred MiB after fifty 4 MB bodies)
 for its own later use, and returns it only from the top of each heap; Python's and numpy's small
 objects leave the rest of those heaps fragmented, so resident memory climbs burst after burst and
-stays there. ``malloc_trim(0)`` hands every free page back. Measured on the tiny models, six bursts
-of fifty 4 MB refused bodies (``benchmarks/memory_bursts.py``, RESULTS.md): resident memory ended
-148 -> 180 MiB with the trimmer, 148 -> 320-380 MiB with glibc as it is, with MALLOC_ARENA_MAX=2,
-a fixed 1 MiB MALLOC_MMAP_THRESHOLD_ (with or without a trim threshold) or jemalloc.
+stays there. ``malloc_trim(0)`` hands every free page back. Measured side by side
+(``benchmarks/memory_bursts.py``, its table in benchmarks/RESULTS.md): after six bursts of fifty
+~4 MB refused bodies, resident memory grew 23-38 MiB with this trimmer, and 86-227 MiB with glibc as
+it is, MALLOC_ARENA_MAX=2, a fixed 1 MiB MALLOC_MMAP_THRESHOLD_ (with or without a trim threshold)
+or jemalloc; the trimmer with MALLOC_ARENA_MAX=2 as well was no better than the trimmer alone.
 
-A trim costs a few milliseconds (8 ms on average, 18 at most, measured on a 300 MiB heap) on a
-thread of its own, so it is not run blindly: once a second the trimmer reads the process's resident
-size (one small read of /proc), and trims only when it has grown MALLOC_TRIM_MIB past where the last
-trim left it. Memory that is really in use is therefore trimmed at most once per MALLOC_TRIM_MIB of
-growth. Where there is no glibc (musl, macOS) the trimmer does nothing.
+A trim takes a few milliseconds (8 ms on average, 18 at most, measured on a 300 MiB heap) on a thread
+of its own. Once a second the trimmer reads the resident size (one small read of /proc); while it is
+MALLOC_TRIM_MIB or more above its resting level (its lowest since start-up), it trims. A trim that
+gave much back (a quarter of MALLOC_TRIM_MIB) means a burst is ending: look again in a second. One
+that gave little means the memory is in use (or the burst goes on): the looks space out to every
+MAX_BACKOFF seconds, never longer, because what a burst frees at its end shows in no figure this
+process can read cheaply (freed memory stays resident until trimmed), so only looking again finds
+it. Where there is no glibc (musl, macOS) the trimmer does nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
+MAX_BACKOFF = 4  # while trims give little back, the looks space out to this many intervals
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -53,7 +58,8 @@ def resident_bytes() -> int:
 
 
 class MemoryTrimmer:
-    """Returns freed heap memory to the OS after resident memory grew ``growth_mib`` (module docstring)."""
+    """Returns freed heap memory to the OS while resident memory is ``growth_mib`` past its resting level
+    (module docstring)."""
 
     def __init__(self, growth_mib: int, interval_s: float = CHECK_INTERVAL_S) -> None:
         self.growth = growth_mib * 1024 * 1024
@@ -80,15 +86,23 @@ class MemoryTrimmer:
 
     async def _run(self) -> None:
         assert self._trim is not None
-        floor = resident_bytes()
+        resting = resident_bytes()  # once the models are loaded and warm
+        wait = self.interval_s
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(wait)
             before = resident_bytes()
-            floor = min(floor, before)  # memory given back by itself lowers the mark
-            if before - floor < self.growth:
+            resting = min(resting, before)
+            if before - resting < self.growth:
+                wait = self.interval_s
                 continue
             await asyncio.to_thread(self._trim, 0)
-            floor = resident_bytes()
+            after = resident_bytes()
             self.trims += 1
-            self.released += max(0, before - floor)
-            log.debug("malloc_trim: resident %d -> %d MiB", before >> 20, floor >> 20)
+            self.released += max(0, before - after)
+            log.debug("malloc_trim: resident %d -> %d MiB", before >> 20, after >> 20)
+            # Much came back: a burst is ending, look again soon. Little did: the memory is in use (or a
+            # burst is still on), so look less often, though never less than every MAX_BACKOFF intervals:
+            # the memory a burst frees shows in no figure read here, so the trim after its end must come
+            # from looking again.
+            freed_much = before - after >= self.growth // 4
+            wait = self.interval_s if freed_much else min(wait * 2, self.interval_s * MAX_BACKOFF)
