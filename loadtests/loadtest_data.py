@@ -24,9 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Stay well inside the service's default limits (MAX_TEXT_CHARS 4096, MAX_CONTEXT_CHARS 20000).
+# Stay well inside the service's default limits (MAX_TEXT_CHARS 4096, MAX_CONTEXT_CHARS 3000).
 MAX_TEXT_CHARS = 4096
-MAX_CONTEXT_CHARS = 20000
+MAX_CONTEXT_CHARS = 3000
 MAX_PROMPT_CHARS = 400
 
 

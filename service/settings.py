@@ -141,7 +141,9 @@ class Settings(BaseSettings):
 
     # --- request limits ------------------------------------------------------------------
     max_text_chars: int = Field(default=4096, ge=1, description="Characters per text, prompt or question")
-    max_context_chars: int = Field(default=20000, ge=1, description="Characters per QA context")
+    max_context_chars: int = Field(
+        default=3000, ge=1, description="Characters per QA context (SQuAD's longest here: 2,166)"
+    )
     max_items: int = Field(
         default=32, ge=1, description="Inputs per request (texts, images, prompts, QA pairs)"
     )
@@ -160,7 +162,7 @@ class Settings(BaseSettings):
     )
     max_image_bytes: int = Field(default=2 * MiB, ge=1, description="Encoded bytes per image")
     max_image_pixels: int = Field(
-        default=4096 * 4096, ge=1, description="Width x height per image, read from the header"
+        default=2**23, ge=1, description="Width x height per image, read from the header"
     )
     max_request_pixels: int = Field(
         default=2**23,
@@ -169,7 +171,7 @@ class Settings(BaseSettings):
         "decoded: what bounds a request's decoding time (docs/CONFIGURATION.md, 'Cost per request')",
     )
     max_context_tokens: int = Field(
-        default=2**14,
+        default=1536,
         ge=1,
         description="QA: tokens in one request's windows, summed over its pairs (what usage.input_tokens "
         "counts): what bounds a request's compute (docs/CONFIGURATION.md, 'Cost per request')",
