@@ -4,10 +4,11 @@ glibc keeps the memory a burst of large requests freed (a few hundred MiB after 
 for its own later use, and returns it only from the top of each heap; Python's and numpy's small
 objects leave the rest of those heaps fragmented, so resident memory climbs burst after burst and
 stays there. ``malloc_trim(0)`` hands every free page back. Measured side by side
-(``benchmarks/memory_bursts.py``, its table in benchmarks/RESULTS.md): after six bursts of fifty
-~4 MB refused bodies, resident memory grew 23-38 MiB with this trimmer, and 86-227 MiB with glibc as
-it is, MALLOC_ARENA_MAX=2, a fixed 1 MiB MALLOC_MMAP_THRESHOLD_ (with or without a trim threshold)
-or jemalloc; the trimmer with MALLOC_ARENA_MAX=2 as well was no better than the trimmer alone.
+(``benchmarks/memory_bursts.py``, its table in benchmarks/RESULTS.md, 2-core Intel Xeon): after six
+bursts of fifty ~4 MB refused bodies, resident memory rested 37 MiB above its start with this
+trimmer, and 109-181 MiB above it with glibc as it is, MALLOC_ARENA_MAX=2, a fixed 1 MiB
+MALLOC_MMAP_THRESHOLD_ (with or without a trim threshold) or jemalloc; the trimmer with
+MALLOC_ARENA_MAX=2 as well rested at the same 37, so the service sets no allocator variable.
 
 A trim takes a few milliseconds (8 ms on average, 18 at most, measured on a 300 MiB heap) on a thread
 of its own. Once a second the trimmer reads the resident size (one small read of /proc); while it is
