@@ -35,7 +35,8 @@ class HeaderDeadline:
 
     The deadline starts when the connection opens and again when a response completes (the next
     request's idle time counts, as the keep-alive timeout's does); it is met when the protocol starts
-    a new request cycle, which both protocols do once the headers are complete.
+    a new request cycle, which both protocols do once the headers are complete. A connection on which
+    no byte of a new request has arrived is closed without a word, as an idle keep-alive one is.
     """
 
     config: Any
@@ -44,9 +45,11 @@ class HeaderDeadline:
     transport: asyncio.Transport
     _header_timer: asyncio.TimerHandle | None = None
     _header_cycle: Any = None
+    _header_started = False  # a byte of the next request has arrived
 
     def _arm_header_deadline(self) -> None:
         self._header_cycle = self.cycle  # the cycle the headers of the next request will replace
+        self._header_started = False
         timeout_s = getattr(self.config, "header_read_timeout_s", 10.0)
         self._header_timer = self.loop.call_later(timeout_s, self._header_deadline_passed)
 
@@ -59,12 +62,17 @@ class HeaderDeadline:
         self._header_timer = None
         idle = self.cycle is None or self.cycle.response_complete  # no request of its own is being answered
         if self.cycle is self._header_cycle and idle and not self.transport.is_closing():
-            self.transport.write(_TIMEOUT_RESPONSE)
-            self.transport.close()
+            if self._header_started:  # a request began and never finished its headers: say why
+                self.transport.write(_TIMEOUT_RESPONSE)
+            self.transport.close()  # an idle connection is closed quietly, as the keep-alive timeout does
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        self._header_started = True
+        super().data_received(data)  # type: ignore[misc]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()
