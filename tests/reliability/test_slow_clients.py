@@ -10,14 +10,18 @@ is closed once its deadline (BODY_READ_TIMEOUT_S, HEADER_READ_TIMEOUT_S) has pas
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from litestar import Litestar, get
 from servers import LiveServer
 
+from service.http_server import uvicorn_config
 from service.settings import Settings
 
 SLOW_BODIES = 12
@@ -143,3 +147,34 @@ def test_no_server_header(api: LiveServer) -> None:
     response = httpx.get(f"{api.url}/health/live", timeout=30)
     assert response.status_code == 200
     assert "server" not in response.headers
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_header_deadline_holds_for_both_of_uvicorn_s_protocols(http: str) -> None:
+    """``--http h11`` (uvicorn's fallback without httptools) gets the same deadline as httptools."""
+
+    @get("/x")
+    async def ok() -> dict[str, bool]:
+        return {"ok": True}
+
+    config = uvicorn_config(
+        Litestar([ok]), Settings(HEADER_READ_TIMEOUT_S=1), host="127.0.0.1", port=0, http=http
+    )
+    protocol = {"httptools": "HttpToolsWithDeadline", "h11": "H11WithDeadline"}[http]
+    assert getattr(config.http, "__name__", "") == protocol
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        assert httpx.get(f"{url}/x", timeout=10).json() == {"ok": True}
+        sock = _connect(url)
+        sock.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n")
+        answer = _read_until_closed(sock)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"HEADER_READ_TIMEOUT_S" in answer
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
