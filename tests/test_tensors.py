@@ -154,7 +154,9 @@ def test_broken_bytes_tensors(raw: bytes, shape: list[int], says: str) -> None:
         ("FP32", [-1], b"", "non-negative"),
         ("FP32", "3", b"", "shape must be"),
         ("FP32", [1] * 9, b"", "at most 8"),
-        ("FP32", [2**40, 2**40], b"\x00" * 4, "needs"),  # a huge shape is refused before any allocation
+        ("FP32", [2**40, 2**40], b"\x00" * 4, "more than"),  # a huge shape is refused before any allocation
+        ("FP32", [0, 10**20], b"", "more than"),  # no element, but no array could have this shape
+        ("FP32", [0, 2**62, 8], b"", "more than"),
     ],
 )
 def test_broken_numeric_tensors(datatype: str, shape: Any, raw: bytes, says: str) -> None:

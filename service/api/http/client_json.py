@@ -24,7 +24,9 @@ def malformed(exc: Exception, what: str = "JSON", field: str | None = None) -> M
         reason = "nested too deeply"
     else:
         reason = str(exc).removeprefix("JSON is malformed: ")
-    return MalformedBodyError(f"{what} is malformed: {reason}", "malformed_json", field=field)
+    # a body says so as Litestar does ("JSON is malformed: ..."); a part of one names itself
+    message = f"JSON is malformed: {reason}" if what == "JSON" else f"{what} is not valid JSON: {reason}"
+    return MalformedBodyError(message, "malformed_json", field=field)
 
 
 # What decoding a client's JSON can raise besides a value (``malformed`` turns each into a 400).
