@@ -164,9 +164,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
-    keys = ApiKeys(
-        settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
-    )
+    keys = ApiKeys.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -186,7 +184,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
             GrpcServer(inference, lifecycle, settings, metrics) if settings.grpc_port is not None else None
         )
         trimmer = MemoryTrimmer(settings.malloc_trim_mib)
-        app.state.memory_trimmer = trimmer
         try:
             await inference.start(warmup=settings.warmup)
             if grpc_server is not None:

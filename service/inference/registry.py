@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from service.context import note_model
+from service.engine.repository import without_paths
 from service.errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
 from service.pipelines.base import ModelPipeline
 
@@ -29,7 +30,8 @@ class ModelRegistry:
         self.pipelines: dict[str, ModelPipeline] = {
             p.name: p for p in sorted(pipelines, key=lambda p: p.name)
         }
-        self.refused = dict(refused)
+        # as callers see them (readiness is open by default): no host paths; the log has them whole
+        self.refused = {name: without_paths(reason) for name, reason in refused.items()}
         self.defaults: dict[str, str] = {}
         for pipeline in self.pipelines.values():
             self.defaults.setdefault(pipeline.task, pipeline.name)
@@ -40,7 +42,7 @@ class ModelRegistry:
     def refuse(self, name: str, reason: str) -> None:
         """Take a loaded model out of service (e.g. its warm-up failed)."""
         self.pipelines.pop(name, None)
-        self.refused[name] = reason
+        self.refused[name] = without_paths(reason)
         self.defaults = {task: n for task, n in self.defaults.items() if n != name}
         for pipeline in self.pipelines.values():
             self.defaults.setdefault(pipeline.task, pipeline.name)

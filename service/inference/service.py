@@ -29,7 +29,6 @@ from typing import Any, Literal, TypeVar
 
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
-from service.engine.repository import without_paths
 from service.engine.sampling import SamplingParams
 from service.errors import InvalidInputError, ModelVersionNotFoundError, NotReadyError
 from service.pipelines import attention as attention_step
@@ -133,7 +132,7 @@ class InferenceService:
 
     def refused(self) -> dict[str, str]:
         """Folders refused at start-up (or at warm-up), with the reason as callers may see it (no host paths)."""
-        return {name: without_paths(reason) for name, reason in sorted(self.registry.refused.items())}
+        return dict(sorted(self.registry.refused.items()))
 
     def model(self, name: str | None, task: str | None = None, version: str | None = None) -> ServedModel:
         """The loaded model ``name`` (default: ``task``'s default model); with ``version``, only if that is the

@@ -17,7 +17,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
 from .base import BatchedPipeline, TextEncoderPipeline
-from .image_inputs import ImageDecodeError, decode_image, open_image, to_pixel_values
+from .image_inputs import ImageDecodeError, image_pixels, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
@@ -99,28 +99,17 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         return list(softmax(logits))
 
     def decode(self, images: Sequence[bytes]) -> list[np.ndarray]:
-        if self.max_request_pixels is not None:
-            self._check_request_pixels(images)
-        decoded = []
-        for index, data in enumerate(images):
-            try:
-                decoded.append(decode_image(data, self.preprocessing, self.max_image_pixels))
-            except ImageDecodeError as exc:
-                raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
-        return decoded
-
-    def _check_request_pixels(self, images: Sequence[bytes]) -> None:
-        """Every image's header (format, MAX_IMAGE_PIXELS) and the request's pixels together
-        (MAX_REQUEST_PIXELS), before any image is decoded."""
-        assert self.max_request_pixels is not None
+        """Every image's header first (format, MAX_IMAGE_PIXELS, and the request's pixels together against
+        MAX_REQUEST_PIXELS), then the pixels: no image is decoded unless all of them may be."""
+        opened = []
         total = 0
         for index, data in enumerate(images):
             try:
-                width, height = open_image(data, self.max_image_pixels).size
+                image = open_image(data, self.max_image_pixels)
             except ImageDecodeError as exc:
                 raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
-            total += width * height
-            if total > self.max_request_pixels:
+            total += image.width * image.height
+            if self.max_request_pixels is not None and total > self.max_request_pixels:
                 raise InvalidInputError(
                     f"the request's images hold more than {self.max_request_pixels} pixels together "
                     f"(MAX_REQUEST_PIXELS); this one brings them to {total}",
@@ -128,6 +117,14 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
                     "too_large",
                     index,
                 )
+            opened.append(image)
+        decoded = []
+        for index, image in enumerate(opened):
+            try:
+                decoded.append(image_pixels(image, self.preprocessing))
+            except ImageDecodeError as exc:
+                raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
+        return decoded
 
     async def classify(self, images: Sequence[bytes], top_k: int) -> Outcome[Classification]:
         """An undecodable image is reported by its index among ``images``."""

@@ -47,7 +47,11 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
 def decode_image(data: bytes, preprocessing: Preprocessing, max_pixels: int) -> np.ndarray:
     """Bytes -> uint8 array (H, W) or (H, W, C) in the model's colour mode and size (``open_image``'s checks
     first)."""
-    image = open_image(data, max_pixels)
+    return image_pixels(open_image(data, max_pixels), preprocessing)
+
+
+def image_pixels(image: Image.Image, preprocessing: Preprocessing) -> np.ndarray:
+    """An opened image (``open_image``) decoded: uint8 (H, W) or (H, W, C) in the model's mode and size."""
     try:
         image.load()
     except Exception as exc:  # PIL raises many types for broken data

@@ -28,9 +28,7 @@ class GrpcServer:
     ) -> None:
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
-        keys = ApiKeys(
-            settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
-        )
+        keys = ApiKeys.from_settings(settings)
         self.server = grpc.aio.server(
             interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else [],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],

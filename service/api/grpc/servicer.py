@@ -79,6 +79,12 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             unbind(token)
             self.lifecycle.request_finished()
 
+    def _cache_scope(self, context: Any) -> str:
+        """The caller's response-cache scope, from the key in its metadata (as on HTTP)."""
+        if not self.keys.enabled:
+            return ""
+        return self.keys.cache_scope(presented_key(metadata_of(context.invocation_metadata())))
+
     # --- health and metadata ----------------------------------------------------------------------
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -127,7 +133,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 parameters_of(request.parameters),
                 [(out.name, parameters_of(out.parameters)) for out in request.outputs],
                 request_id=request_id,
-                cache_scope=self.keys.cache_scope(presented_key(metadata_of(context.invocation_metadata()))),
+                cache_scope=self._cache_scope(context),
             )
             result = await infer(self.core, call)
             outcome = result.outcome

@@ -21,6 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
+from service.settings import Settings
 
 # Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
 # methods by name. ``open``: always (pages and assets hold no data); ``health`` and ``metrics``: open
@@ -53,6 +54,13 @@ class ApiKeys:
             self._open.add("health")
         if not protect_metrics:
             self._open.add("metrics")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiKeys:
+        """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS and CACHE_SCOPE."""
+        return cls(
+            settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
+        )
 
     @property
     def enabled(self) -> bool:
