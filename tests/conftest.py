@@ -45,7 +45,12 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(data_dir: Path) -> Path:
-    """A model repository with every model in the tiny profile; trained checkpoints under .work/."""
+    """A model repository with every model in the tiny profile; trained checkpoints under .work/.
+
+    ``TEST_MODELS_DIR`` names one built elsewhere (the GPU run carries it: scripts/gpu/).
+    """
+    if os.environ.get("TEST_MODELS_DIR"):
+        return Path(os.environ["TEST_MODELS_DIR"])
     out = ROOT / ".cache" / "test-models" / _source_key()
     out.parent.mkdir(parents=True, exist_ok=True)
     # Several test sessions may start at once (developers, helpers): one builds, the others wait for it.

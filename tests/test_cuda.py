@@ -68,6 +68,25 @@ def test_graph_on_cuda_matches_cpu(cuda_models: dict[str, LoadedModel], tiny_mod
         check_close(got, expected, atol=1e-3, rtol=1e-3, name_a=f"CUDA output {i}", name_b=f"CPU output {i}")
 
 
+@pytest.mark.parametrize("name", [n for n in MODEL_NAMES if n != "translator"])
+def test_fp16_variant_on_cuda_stays_near_the_cpu_reference(tiny_models: Path, name: str) -> None:
+    """fp16 on CUDA computes the reference's function to half precision: what its validation then scores."""
+    try:
+        gpu = load_model(tiny_models / name, RuntimeOptions(device="cuda", variant="fp16"))
+    except ModelLoadError as exc:
+        pytest.skip(f"no usable CUDAExecutionProvider here: {exc}")
+    if gpu.variant.name != "fp16":
+        pytest.skip(f"{name} has no fp16 variant ({gpu.variant.reason})")
+    cpu = load_model(tiny_models / name, RuntimeOptions(device="cpu", variant="reference"))
+    feeds = _feeds(gpu)
+    outputs = zip(gpu.graphs["model"].run(feeds), cpu.graphs["model"].run(feeds), strict=True)
+    for i, (got, expected) in enumerate(outputs):
+        assert got.dtype == expected.dtype == np.float32  # fp16 inside, fp32 at the graph's edges
+        check_close(
+            got, expected, atol=5e-2, rtol=2e-2, name_a=f"fp16 CUDA output {i}", name_b=f"fp32 CPU output {i}"
+        )
+
+
 def test_translator_on_cuda_decodes_like_cpu(cuda_models: dict[str, LoadedModel], tiny_models: Path) -> None:
     gpu = cuda_models["translator"]
     assert gpu.graphs["encoder"].on_cuda and gpu.graphs["decoder"].on_cuda

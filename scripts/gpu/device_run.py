@@ -1,0 +1,299 @@
+"""The GPU run, on the lent machine: stage the carried parts, then install, check, test, validate, measure.
+
+    python3 scripts/gpu/device_run.py stage              # call K of N: keep .gpu/carry-K's part
+    python3 scripts/gpu/device_run.py run [--dry-run]    # the last call: everything below, into $OUT
+    python3 scripts/gpu/device_run.py unpack             # stage, join, unpack and install only
+
+``pack.py`` made the parts here; each device call carries one folder ``.gpu/carry-K`` and stages its
+part in STAGE (outside the working tree, which each call replaces). ``run`` stages its own part too,
+then joins the parts (sizes and sha256 checked against ``parts.json``), unpacks them, installs the
+wheels into a target folder, and runs, each step with its own time limit so that one that hangs
+leaves the others their time:
+
+1. ``providers``: ONNX Runtime's version and providers, and a one-op session on CUDA that must land
+   there; if it does not, the libraries it could not load are printed and the run stops;
+2. ``pytest``: ``pytest -m cuda`` on the tiny models;
+3. ``fp16``: every default model's fp16 variant checked and evaluated on CUDA
+   (``model_export.variants.validate_on_cuda``), the manifests written back;
+4. ``inplace``: GPT's in-place KV step graph in fp16 against the Concat decoder (``inplace_fp16.py``);
+5. ``bench``: ``benchmarks/gpu.py`` on the default models, with what is left of ``--seconds``.
+
+Everything lands in $OUT: ``summary.json`` (each step's status and seconds), ``logs.tar.gz`` (each
+step's output), ``fp16.json``, ``manifests.tar.gz``, ``inplace_fp16.json``, ``bench.json`` and
+``RESULTS.md``: seven files, under the tool's eight. ``--dry-run``
+does the same on a machine without a GPU, with the CUDA steps skipped (the provider check only
+reports): the packing, joining, installing and every script's wiring are then what is left to chance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CARRY = Path(os.environ.get("GPU_CARRY", ROOT / ".gpu"))  # where this call's carried folder landed
+STAGE = Path(os.environ.get("GPU_STAGE", "/tmp/gpu-stage"))
+WORK = Path(os.environ.get("GPU_WORK", "/tmp/gpu-work"))
+# Seconds per step: the whole run must end inside one call's 600 s with time to spare.
+LIMITS = {"install": 90, "providers": 60, "pytest": 150, "fp16": 180, "inplace": 60, "bench": 330}
+BENCH_RESERVE_S = 75  # the longest single GPU benchmark (two servers started, three workloads each)
+# The CUDA libraries ONNX Runtime's CUDA provider opens (CUDA 13, cuDNN 9), from the nvidia-* wheels.
+CUDA_LIBRARIES: tuple[str, ...] = (
+    "libcudart.so.13",
+    "libcublas.so.13",
+    "libcublasLt.so.13",
+    "libcudnn.so.9",
+    "libcufft.so.12",
+    "libcurand.so.10",
+    "libnvrtc.so.13",
+)
+
+PROVIDER_CHECK = r"""
+import json, sys, numpy as np, onnx, onnxruntime as ort
+from onnx import TensorProto, helper
+info = {"onnxruntime": ort.__version__, "file": ort.__file__, "available": ort.get_available_providers()}
+graph = helper.make_graph(
+    [helper.make_node("Add", ["a", "b"], ["c"])], "one_op",
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "ab"],
+    [helper.make_tensor_value_info("c", TensorProto.FLOAT, [4])],
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 10
+try:
+    ort.preload_dlls(msvc=False)
+except Exception as exc:
+    info["preload_error"] = repr(exc)
+session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+x = np.arange(4, dtype=np.float32)
+info["session_providers"] = session.get_providers()
+info["result"] = session.run(None, {"a": x, "b": x})[0].tolist()
+print(json.dumps(info))
+sys.exit(0 if info["session_providers"][0] == "CUDAExecutionProvider" and info["result"] == [0, 2, 4, 6] else 3)
+"""
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def stage() -> list[str]:
+    """Copy the parts this call carried into STAGE; returns the names staged so far."""
+    STAGE.mkdir(parents=True, exist_ok=True)
+    for part in sorted(CARRY.glob("carry-*/*")):
+        if part.name == "parts.json":
+            shutil.copyfile(part, STAGE / "parts.json")
+        elif not (STAGE / part.name).is_file() or (STAGE / part.name).stat().st_size != part.stat().st_size:
+            shutil.copyfile(part, STAGE / part.name)
+            log(f"staged {part.name} ({part.stat().st_size / 2**20:.1f} MiB)")
+    return sorted(p.name for p in STAGE.iterdir() if p.name != "parts.json")
+
+
+def join_and_unpack() -> list[str]:
+    """Check each payload's parts against parts.json, join them and unpack into WORK; returns the payloads.
+
+    "core" must be whole; another payload whose parts did not all come is left out, saying so.
+    """
+    listing = json.loads((STAGE / "parts.json").read_text())
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    unpacked = []
+    for name, payload in listing["payloads"].items():
+        missing = [p["name"] for p in payload["parts"] if not (STAGE / p["name"]).is_file()]
+        if missing:
+            if name == "core":
+                raise SystemExit(f"parts not staged yet: {missing} (each earlier call must carry its folder)")
+            log(f"payload {name} left out: parts not staged {missing}")
+            continue
+        digest = hashlib.sha256()
+        joined = WORK / f"{name}.tar"
+        with joined.open("wb") as out:
+            for part in payload["parts"]:
+                data = (STAGE / part["name"]).read_bytes()
+                if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
+                    raise SystemExit(f"{part['name']} is damaged: its size or sha256 differs from parts.json")
+                digest.update(data)
+                out.write(data)
+        if digest.hexdigest() != payload["sha256"]:
+            raise SystemExit(f"the joined {name} payload's sha256 differs from parts.json")
+        with tarfile.open(joined) as tar:
+            tar.extractall(WORK, filter="data")
+        joined.unlink()
+        unpacked.append(name)
+    log(f"unpacked {unpacked}: {sorted(p.name for p in WORK.iterdir())}")
+    return unpacked
+
+
+def cuda_library_dirs() -> list[str]:
+    """Folders holding the CUDA libraries of the nvidia-* wheels on this python's path (and CUDA's own)."""
+    roots = [Path(p) for p in sys.path if p and Path(p).is_dir()] + [Path("/usr/local/cuda/lib64")]
+    found: list[str] = []
+    for root in roots:
+        for name in CUDA_LIBRARIES:
+            for hit in glob.glob(str(root / "nvidia" / "**" / name), recursive=True) + glob.glob(
+                str(root / name)
+            ):
+                folder = str(Path(hit).parent)
+                if folder not in found:
+                    found.append(folder)
+    return found
+
+
+def environment(dry_run: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(WORK / "site"), str(ROOT)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["DATA_DIR"] = str(WORK / "data")
+    env["TEST_MODELS_DIR"] = str(WORK / "tiny-models")
+    env["ORT_DISABLE_TELEMETRY"] = "1"
+    if not dry_run:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*cuda_library_dirs(), env.get("LD_LIBRARY_PATH", "")]
+        ).rstrip(os.pathsep)
+    return env
+
+
+def install_command() -> list[str]:
+    """pip, offline, every carried wheel into WORK/site (on PYTHONPATH ahead of the machine's packages)."""
+    wheels = sorted(str(p) for p in (WORK / "wheels").glob("*.whl"))
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    return [*command, "--no-cache-dir", "--upgrade", "--target", str(WORK / "site"), *wheels]
+
+
+def install() -> int:
+    return subprocess.run(install_command(), timeout=LIMITS["install"]).returncode
+
+
+class Steps:
+    """Runs the steps, each under its time limit and the run's deadline, and keeps what each did.
+
+    Each step's output goes to its own log in WORK/logs, and after every step the logs are packed
+    into $OUT/logs.tar.gz and the summary rewritten: a run cut short still brings back what it did.
+    """
+
+    def __init__(self, out: Path, env: dict[str, str], deadline: float) -> None:
+        self.out, self.env, self.deadline = out, env, deadline
+        self.logs = WORK / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.summary: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "steps": {}}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, name: str, cmd: list[str]) -> int:
+        limit = max(1.0, min(LIMITS[name], self.left()))
+        log(f"step {name} (at most {limit:.0f} s): {' '.join(cmd)}")
+        started = time.perf_counter()
+        log_file = self.logs / f"{name}.log"
+        with log_file.open("w") as sink:
+            try:
+                code = subprocess.run(
+                    cmd, cwd=ROOT, env=self.env, timeout=limit, stdout=sink, stderr=subprocess.STDOUT
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = 124
+                log(f"step {name}: stopped at its {limit:.0f} s limit")
+        seconds = round(time.perf_counter() - started, 1)
+        self.summary["steps"][name] = {"exit": code, "seconds": seconds}
+        log(f"step {name}: exit {code} in {seconds} s")
+        tail = log_file.read_text(errors="replace").splitlines()[-12:]
+        print("\n".join(f"    {line[:300]}" for line in tail), flush=True)
+        self.write()
+        return code
+
+    def note(self, name: str, value: Any) -> None:
+        self.summary[name] = value
+        self.write()
+
+    def write(self) -> None:
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+        with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:
+            tar.add(self.logs, "logs")
+
+
+def gpu_names() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return listed.stdout.strip() if listed.returncode == 0 else None
+
+
+def run(dry_run: bool, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    out = Path(os.environ.get("OUT", "/tmp/gpu-out"))
+    out.mkdir(parents=True, exist_ok=True)
+    staged = stage()
+    log(f"staged parts: {staged}")
+    payloads = join_and_unpack()
+    env = environment(dry_run)
+    steps = Steps(out, env, deadline)
+    steps.note("payloads", payloads)
+    steps.note("cuda_library_dirs", env.get("LD_LIBRARY_PATH", ""))
+    steps.note("gpu", gpu_names())
+    if steps.run("install", install_command()) != 0:
+        return 1
+    python = sys.executable
+    code = steps.run("providers", [python, "-c", PROVIDER_CHECK])
+    if code != 0 and not dry_run:
+        cuda_so = WORK / "site" / "onnxruntime" / "capi" / "libonnxruntime_providers_cuda.so"
+        if cuda_so.is_file():
+            ldd = subprocess.run(["ldd", str(cuda_so)], capture_output=True, text=True, env=env).stdout
+            missing = [line.strip() for line in ldd.splitlines() if "not found" in line]
+            steps.note("cuda_provider_missing_libraries", missing)
+            log(f"libonnxruntime_providers_cuda.so cannot find: {missing}")
+        return 1
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rs"]
+    steps.run("pytest", [*pytest, "tests/test_cuda.py", "tests/test_generation.py"])  # skipped in a dry run
+    models = WORK / "models"
+    if models.is_dir():
+        validate = [python, "scripts/gpu/validate_fp16.py", "--models", str(models)]
+        validate += ["--json", str(out / "fp16.json"), *(["--dry-run"] if dry_run else [])]
+        steps.run("fp16", validate)
+        with tarfile.open(out / "manifests.tar.gz", "w:gz") as tar:
+            for manifest in sorted(models.glob("*/manifest.json")):
+                tar.add(manifest, f"{manifest.parent.name}/manifest.json")
+        if (models / "gpt").is_dir():
+            inplace = [python, "scripts/gpu/inplace_fp16.py", "--model", str(models / "gpt")]
+            inplace += ["--json", str(out / "inplace_fp16.json"), "--device", "cpu" if dry_run else "cuda"]
+            steps.run("inplace", inplace)
+        budget = max(0.0, steps.left() - BENCH_RESERVE_S)  # the last benchmark started must end in time
+        bench = [python, "benchmarks/gpu.py", "--models", str(models), "--json", str(out / "bench.json")]
+        bench += ["--results", str(out / "RESULTS.md"), "--device", "cpu" if dry_run else "cuda"]
+        bench += ["--out-dir", str(WORK / "plots")]  # $OUT takes eight files: the plot stays there
+        bench += ["--budget-s", f"{budget:.0f}", *(["--quick"] if dry_run else [])]
+        steps.run("bench", bench)
+    steps.note("finished", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    failed = [name for name, step in steps.summary["steps"].items() if step["exit"] != 0]
+    log(f"done; failed steps: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["stage", "unpack", "run"])
+    parser.add_argument("--dry-run", action="store_true", help="no GPU here: skip the CUDA steps")
+    parser.add_argument(
+        "--seconds", type=float, default=540, help="the whole run's deadline (a device call stops at 600 s)"
+    )
+    args = parser.parse_args()
+    if args.action == "stage":
+        log(f"staged parts: {stage()}")
+        return 0
+    if args.action == "unpack":
+        stage()
+        join_and_unpack()
+        return install()
+    return run(args.dry_run, args.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""The GPU run on CPU: its carry packed, staged call by call, joined and installed; its checks wired.
+
+A lent GPU machine has no registry and takes at most 64 MiB a call, so ``scripts/gpu/pack.py`` splits
+what it lacks into parts that separate calls carry, and ``scripts/gpu/device_run.py`` joins them there.
+Here the same two scripts run on a small payload (a real wheel made on the spot, a model folder, data)
+split into many small parts, each staged as if by its own call: so that nothing but the GPU is left
+untested when one is lent.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import onnx
+import pytest
+
+from service.engine.manifest import content_version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", ROOT / "scripts" / "gpu" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheel(folder: Path) -> Path:
+    """A real, minimal wheel (package ``gpu_probe``, one function), RECORD hashes included."""
+    files = {
+        "gpu_probe/__init__.py": b"def answer():\n    return 42\n",
+        "gpu_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gpu-probe\nVersion: 1.0\n",
+        "gpu_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("gpu_probe-1.0.dist-info/RECORD,,")
+    path = folder / "gpu_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr("gpu_probe-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def _model(folder: Path) -> None:
+    """A model folder as the export leaves it: reference, fused, fp16 and int8 graphs, attention maps."""
+    folder.mkdir(parents=True)
+    graphs = {
+        "reference": "model.onnx",
+        "fused": "model.fused.onnx",
+        "fp16": "model.fp16.onnx",
+        "int8": "model.int8.onnx",
+        "attention": "attention.onnx",
+    }
+    files = {}
+    for name in ("tokenizer.json", *graphs.values()):
+        data = os.urandom(2500)
+        (folder / name).write_bytes(data)
+        files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    manifest = {
+        "graphs": {"model": {"file": "model.onnx", "inputs": [], "outputs": []}},
+        "variants": {
+            v: {"graphs": {"model": graphs[v]}, "reason": f"{v} record"} for v in ("fused", "fp16", "int8")
+        },
+        "attention_maps": {"file": "attention.onnx"},
+        "files": files,
+        "version": "old",
+    }
+    manifest["variants"]["int8"]["inplace_decode"] = {"model": "model.int8.onnx"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "training_curve.png").write_bytes(b"not listed, not sent")
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """A core payload (a wheel, tiny models, data, a whole model) and an extra one, in 2 KiB parts."""
+    pack = _script("pack")
+    tiny = tmp_path / "tiny"
+    (tiny / "gpt").mkdir(parents=True)
+    (tiny / "gpt" / "model.onnx").write_bytes(os.urandom(3000))
+    (tiny / ".work").mkdir()
+    (tiny / ".work" / "checkpoint.pt").write_bytes(b"left behind")
+    _model(tmp_path / "models" / "bert")
+    _model(tmp_path / "models" / "qa")
+    data = tmp_path / "data"
+    for dataset, files in {
+        "sst2": ("train.tsv", "validation.tsv"),
+        "mnist": ("validation-images.gz",),
+    }.items():
+        (data / dataset).mkdir(parents=True)
+        for file in files:
+            (data / dataset / file).write_text(f"{dataset} {file}\n")
+    core = pack.build_payload(
+        [_wheel(tmp_path)], tiny, {"bert": (tmp_path / "models" / "bert", "fused")}, data
+    )
+    extra = pack.build_payload([], None, {"qa": (tmp_path / "models" / "qa", "fp16")}, None)
+    out = tmp_path / "carry"
+    parts = pack.split({"core": core, "extra": extra}, 2048, out)
+    return out, {"parts": parts, "payloads": {"core": core, "extra": extra}}
+
+
+def _device(action: str, carry: Path, stage: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPU_CARRY": str(carry), "GPU_STAGE": str(stage), "GPU_WORK": str(work)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu" / "device_run.py"), action],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _call(out: Path, index: int, tmp_path: Path) -> Path:
+    """What one device call sees: its own carried folder, alone."""
+    call = tmp_path / f"call-{index}"
+    call.mkdir()
+    (call / f"carry-{index}").symlink_to(out / f"carry-{index}", target_is_directory=True)
+    return call
+
+
+def test_parts_fit_and_list_each_other(packed: tuple[Path, dict[str, object]]) -> None:
+    out, info = packed
+    parts, payloads = info["parts"], info["payloads"]
+    assert isinstance(parts, list) and isinstance(payloads, dict) and len(parts) > 3
+    folders = sorted(out.iterdir(), key=lambda f: int(f.name.split("-")[1]))
+    assert [f.name for f in folders] == [f"carry-{i}" for i in range(1, len(parts) + 1)]
+    for folder, part in zip(folders, parts, strict=True):
+        (sent,) = (f for f in folder.iterdir() if f.name != "parts.json")
+        assert sent.name == part["name"] and sent.stat().st_size == part["bytes"] <= 2048
+        listing = json.loads((folder / "parts.json").read_text())  # every call can tell what the run lacks
+        assert [p["name"] for p in listing["payloads"]["core"]["parts"]] == [
+            p["name"] for p in parts if p["name"].startswith("core-")
+        ]
+    for name, payload in payloads.items():
+        joined = b"".join(
+            (folder / p["name"]).read_bytes()
+            for folder, p in zip(folders, parts, strict=True)
+            if p["name"].startswith(name)
+        )
+        assert joined == payload
+
+
+def test_staged_call_by_call_then_joined_and_installed(
+    packed: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    out, info = packed
+    parts = info["parts"]
+    assert isinstance(parts, list)
+    stage, work = tmp_path / "stage", tmp_path / "work"
+    for index in range(1, len(parts)):  # every call but the last only stages its part
+        staged = _device("stage", _call(out, index, tmp_path), stage, work)
+        assert staged.returncode == 0, staged.stderr
+    early = _device("unpack", tmp_path / "nothing", stage, work)  # the last (extra) part not carried yet
+    assert early.returncode == 0, early.stderr  # the optional payload is left out, saying which part
+    assert f"payload extra left out: parts not staged ['{parts[-1]['name']}']" in early.stdout
+    assert not (work / "models" / "qa").exists()
+    last = _device("unpack", _call(out, len(parts), tmp_path), stage, work)
+    assert last.returncode == 0, last.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["data", "models", "site", "tiny-models", "wheels"]
+    assert "unpacked ['core', 'extra']" in last.stdout
+    assert (work / "tiny-models" / "gpt" / "model.onnx").is_file()
+    assert not (work / "tiny-models" / ".work").exists()  # checkpoints stay behind
+    # Sent: what CUDA serves (fused fp32 standing as the reference, fp16 beside it), listed exactly.
+    bert = json.loads((work / "models" / "bert" / "manifest.json").read_text())
+    sent = sorted(p.name for p in (work / "models" / "bert").iterdir())
+    assert sent == ["manifest.json", "model.fp16.onnx", "model.fused.onnx", "tokenizer.json"]
+    assert sorted(bert["files"]) == sent[1:] and bert["graphs"]["model"]["file"] == "model.fused.onnx"
+    assert list(bert["variants"]) == ["fp16"] and "attention_maps" not in bert
+    assert bert["version"] == content_version(bert["files"]) != "old"
+    assert bert["carried"] == {"reference": "fused", "from_version": "old"}
+    qa = json.loads((work / "models" / "qa" / "manifest.json").read_text())  # fp16 alone, for its check
+    assert sorted(qa["files"]) == ["model.fp16.onnx", "tokenizer.json"] and qa["variants"] == {}
+    assert (
+        qa["graphs"]["model"]["file"] == "model.fp16.onnx"
+        and qa["carried"]["fp16_record"]["reason"] == "fp16 record"
+    )
+    assert (work / "data" / "sst2" / "train.tsv").is_file() and (
+        work / "data" / "mnist" / "validation-images.gz"
+    ).is_file()
+    imported = subprocess.run(
+        [sys.executable, "-c", "import gpu_probe; print(gpu_probe.answer(), gpu_probe.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(work / "site")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert imported.returncode == 0, imported.stderr
+    answer, where = imported.stdout.split()
+    assert answer == "42" and Path(where).is_relative_to(work / "site")
+
+
+def test_a_damaged_part_is_refused(packed: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    out, info = packed
+    parts = info["parts"]
+    assert isinstance(parts, list)
+    stage, work = tmp_path / "stage", tmp_path / "work"
+    damaged = out / "carry-2" / "core-02"
+    data = bytearray(damaged.read_bytes())
+    data[10] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = _device("unpack", out, stage, work)  # all folders at once: the tool's limit aside, the same
+    assert result.returncode != 0 and "core-02 is damaged" in result.stderr
+
+
+def test_the_core_payload_must_be_whole(packed: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    out, _ = packed
+    result = _device("unpack", _call(out, 1, tmp_path), tmp_path / "stage", tmp_path / "work")
+    assert result.returncode != 0 and "parts not staged yet: ['core-02'" in result.stderr
+
+
+def test_the_lock_gives_every_service_wheel_but_numpy() -> None:
+    pins = _script("pack").locked_requirements(ROOT / "requirements.lock")
+    names = {p.split("==")[0].lower() for p in pins}
+    assert {"onnxruntime-gpu", "litestar", "uvicorn", "tokenizers", "grpcio", "redis"} <= names
+    assert "numpy" not in names and "onnxruntime" not in names  # the machine's numpy; the GPU build only
+    assert all("==" in p and ";" not in p for p in pins)
+
+
+# --- the run's checks, on CPU: what the GPU machine will run, wired the same way ---------------------
+
+
+def test_fp16_alone_is_validated_and_recorded_by_the_rule(
+    tiny_models: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    """A model carried with its fp16 graphs alone (the extra payload) gets its validation pass and rule."""
+    from model_export.variants import BATCH_TOLERANCE, RULES, validate_on_cuda
+
+    pack = _script("pack")
+    manifest, files = pack.carried_model(tiny_models / "bert-classifier", "fp16")
+    folder = tmp_path / "models" / "bert-classifier"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    for name, path in files.items():
+        (folder / name).write_bytes(path.read_bytes())
+    record = validate_on_cuda(tmp_path / "models", "bert-classifier", data_dir, limit=24, device="cpu")
+    saved = json.loads((folder / "manifest.json").read_text())["carried"]["fp16_record"]
+    assert saved == json.loads(json.dumps(record))  # written back where it came from
+    metric, tolerance, _ = RULES["text-classification"]
+    reference = manifest["validation"]["validation"][metric]
+    assert record["validation"]["examples"] == 24
+    assert record["delta"][metric] == pytest.approx(record["validation"][metric] - reference, abs=1e-3)
+    passes = -record["delta"][metric] <= tolerance + 1e-9 and record["batch_max_abs_diff"] <= BATCH_TOLERANCE
+    assert record["serve_by_default"] == passes
+    assert record["validated_on"]["provider"] == "CPUExecutionProvider"
+    # The graphs evaluated were the fp16 ones (float16 weights inside), not a fallback to fp32.
+    graph = onnx.load(str(folder / manifest["graphs"]["model"]["file"]))
+    assert any(init.data_type == onnx.TensorProto.FLOAT16 for init in graph.graph.initializer)
+
+
+def test_fp16_inplace_step_decodes_the_concat_tokens(tiny_models: Path, tmp_path: Path) -> None:
+    """GPT's fp16 in-place step graph (GroupQueryAttention over float16 buffers bound as past and present)
+    decodes the greedy tokens of the Concat decoder (on CPU: the fp32 reference's, fp16 runs on CUDA only)."""
+    out = tmp_path / "inplace.json"
+    script = ["scripts/gpu/inplace_fp16.py", "--model", str(tiny_models / "gpt"), "--device", "cpu"]
+    proc = subprocess.run(
+        [sys.executable, *script, "--new-tokens", "12", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = json.loads(out.read_text())
+    assert found["same_tokens"] and found["concat"] == found["inplace"]
+    assert "GroupQueryAttention" in found["step_graph_ops"] and "Concat" not in found["step_graph_ops"]
+    assert found["logits_max_abs_diff_while_same"] < 0.25  # fp16 rounding against fp32, not a wrong cache
