@@ -89,6 +89,7 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - the service needs it
         ort_version, available = "missing", []
     return {
+        "gpu": gpu_name(),
         "cpu": models[0] if models else platform.processor() or "unknown",
         "cores": len(models) or os.cpu_count() or 0,
         "vector_extensions": vector_extensions(cpuinfo),
@@ -100,7 +101,23 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def gpu_name() -> str | None:
+    """The NVIDIA GPU's name and memory (nvidia-smi), None where there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
 def git_revision() -> str:
+    if os.environ.get("GIT_REVISION"):  # a copy of the tree without .git (the GPU machine: scripts/gpu/)
+        return os.environ["GIT_REVISION"]
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -128,7 +145,8 @@ def append_results(path: Path, results: Sequence[Result], opts: Options, title: 
         "",
         "| date | machine | ONNX Runtime | provider | git | models | intra-op threads |",
         "|---|---|---|---|---|---|---|",
-        f"| {now} | {info['cpu']} ({info['vector_extensions']}), {info['cores']} cores, {info['ram_gib']} GiB RAM | "
+        f"| {now} | {'GPU ' + info['gpu'] + '; ' if info['gpu'] else ''}"
+        f"{info['cpu']} ({info['vector_extensions']}), {info['cores']} cores, {info['ram_gib']} GiB RAM | "
         f"{info['onnxruntime']} | "
         f"{', '.join(providers) or 'n/a'} | {info['git']} | `{display_path(opts.models)}` | "
         f"{threads} |",

@@ -1,4 +1,4 @@
-"""(i) Served int8 vs fused fp32: classify, generate and translate requests/s at 32 clients.
+"""(i) Served int8 (fp16 on CUDA) vs fused fp32: classify, generate and translate requests/s at 32 clients.
 
 Two real servers (``python -m service`` on free loopback ports) on the same models, one with
 ``MODEL_VARIANT=int8`` (per-row int8 matmuls, ``model_export/quantize_rows.py``), one with
@@ -40,7 +40,8 @@ from harness.stats import ratio
 
 NAME = "served_variants"
 TITLE = "(i) Served int8 vs fused fp32: classify, generate, translate at 32 clients"
-VARIANTS = ("int8", "fused")
+# The reduced-precision variant against fused fp32, by device: int8 on CPU, fp16 on CUDA.
+VARIANTS = {"cpu": ("int8", "fused"), "cuda": ("fp16", "fused")}
 TASKS = {"classify": "text-classification", "generate": "text-generation", "translate": "translation"}
 CLIENTS = 32
 NEW_TOKENS = 32
@@ -91,12 +92,13 @@ def run(opts: Options) -> Result:
     rounds = opts.extra.get("rounds") or (1 if opts.quick else 3)
     warmup = 0.2 if opts.quick else 1.0
     requests = workloads()
-    found: dict[str, dict[str, list[LoadPoint]]] = {v: {w: [] for w in requests} for v in VARIANTS}
+    low, base = variants = VARIANTS["cuda" if opts.device == "cuda" else "cpu"]
+    found: dict[str, dict[str, list[LoadPoint]]] = {v: {w: [] for w in requests} for v in variants}
     with subset_repository(sorted(set(folders.values()))) as repo, contextlib.ExitStack() as stack:
         servers = {
-            v: stack.enter_context(benchmark_server(repo, opts, env={"MODEL_VARIANT": v})) for v in VARIANTS
+            v: stack.enter_context(benchmark_server(repo, opts, env={"MODEL_VARIANT": v})) for v in variants
         }
-        provider = providers(servers["fused"])
+        provider = providers(servers[base])
         serving = {v: served_variants(s) for v, s in servers.items()}
         for _ in range(rounds):
             for workload, request in requests.items():
@@ -107,19 +109,22 @@ def run(opts: Options) -> Result:
 
     metrics: dict[str, object] = {"clients": clients, "duration_s": duration, "rounds": rounds}
     rows = [
-        f"| workload ({clients} clients) | model (int8 side serves) | int8: req/s | p50 ms | p99 ms | "
-        "fused: req/s | p50 ms | p99 ms | int8 / fused | server cores (int8 / fused) |",
+        f"| workload ({clients} clients) | model ({low} side serves) | {low}: req/s | p50 ms | p99 ms | "
+        f"fused: req/s | p50 ms | p99 ms | {low} / fused | server cores ({low} / fused) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload in requests:
-        q, f = points["int8"][workload], points["fused"][workload]
+        q, f = points[low][workload], points[base][workload]
         model = folders[workload].name
         speedup = ratio(q.rps, f.rps)
-        metrics[f"int8_served_{workload}_speedup_{clients}"] = speedup
-        metrics[f"rps_int8_{workload}"], metrics[f"rps_fused_{workload}"] = q.rps, f.rps
+        metrics[f"{low}_served_{workload}_speedup_{clients}"] = speedup
+        metrics[f"rps_{low}_{workload}"], metrics[f"rps_fused_{workload}"] = q.rps, f.rps
+        for side, measured in ((low, q), (base, f)):
+            metrics[f"p50_ms_{side}_{workload}"] = measured.p(50) * 1e3
+            metrics[f"p99_ms_{side}_{workload}"] = measured.p(99) * 1e3
         metrics[f"errors_{workload}"] = q.errors + f.errors
         rows.append(
-            f"| {workload} | {model} ({serving['int8'].get(model, '?')}) | {q.rps:.1f} | {q.p(50) * 1e3:.0f} | "
+            f"| {workload} | {model} ({serving[low].get(model, '?')}) | {q.rps:.1f} | {q.p(50) * 1e3:.0f} | "
             f"{q.p(99) * 1e3:.0f} | {f.rps:.1f} | {f.p(50) * 1e3:.0f} | {f.p(99) * 1e3:.0f} | "
             f"{speedup:.2f}x | {cores_used(q.server_cpu_s, q.seconds)} / {cores_used(f.server_cpu_s, f.seconds)} |"
         )
@@ -127,15 +132,19 @@ def run(opts: Options) -> Result:
     details = [
         *rows,
         "",
-        f"Two servers on the same models, `MODEL_VARIANT=int8` and `MODEL_VARIANT=fused`, taking turns "
+        f"Two servers on the same models, `MODEL_VARIANT={low}` and `MODEL_VARIANT=fused`, taking turns "
         f"workload by workload; {rounds} round(s) of {duration:g} s per point after {warmup:g} s of warm-up; "
         f"closed loop, one keep-alive connection per client, `Cache-Control: no-cache, no-store`. generate: "
         f"greedy, {NEW_TOKENS} new tokens; translate: greedy (beam_size 1). Non-200 answers: {errors}.",
     ]
-    classify = metrics[f"int8_served_classify_speedup_{clients}"]
+    classify = metrics[f"{low}_served_classify_speedup_{clients}"]
     checks = [
-        Check(f"int8 / fused served classify throughput, {clients} clients", float(classify), TARGET_CLASSIFY)
-    ]  # type: ignore[arg-type]
+        Check(
+            f"{low} / fused served classify throughput, {clients} clients",
+            float(classify),  # type: ignore[arg-type]
+            TARGET_CLASSIFY,
+        )
+    ]
     return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
 
 

@@ -292,3 +292,19 @@ def step_difference(
             got, want = buffer[row, :, : length + 1], tensor[row, :, width - length :]
             worst = max(worst, float(np.abs(got - want).max()))
     return worst
+
+
+def to_fp16_step(model: onnx.ModelProto, past_names: list[str], present_names: list[str]) -> onnx.ModelProto:
+    """An fp32 in-place step graph (``rewrite_inplace``) in float16, its KV buffers float16 too.
+
+    GroupQueryAttention's CUDA kernel takes float16 (or bfloat16) only, so on CUDA the buffers that
+    ``past_*`` and ``present_*`` share must be float16: every other input and the logits stay float32
+    (ONNX Runtime's ``convert_float_to_float16`` casts them at the edges), as in the fp16 variant.
+    """
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    kv = set(past_names) | set(present_names)
+    edges = [v.name for v in (*model.graph.input, *model.graph.output) if v.name not in kv]
+    wrapped = OnnxModel(model)
+    wrapped.convert_float_to_float16(keep_io_types=edges)
+    return wrapped.model

@@ -32,7 +32,7 @@ import io
 import logging
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import onnx
@@ -227,14 +227,23 @@ def _probe_feeds(session: Any, rows: int = 2, length: int = 9) -> dict[str, np.n
     return feeds
 
 
-def parity(folder: Path, reference: dict[str, str], variant: dict[str, str]) -> float:
-    """Largest |variant - reference| over every output of every graph, on the same probe inputs."""
+def _session(path: Path, device: str) -> Any:
+    """A plain session on ONNX Runtime's CPU provider, or on CUDA through the service's own session maker."""
+    if device == "cuda":
+        from service.engine.runtime import RuntimeOptions, create_session
+
+        return create_session(path, RuntimeOptions(device="cuda"))
     import onnxruntime as ort
 
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def parity(folder: Path, reference: dict[str, str], variant: dict[str, str], device: str = "cpu") -> float:
+    """Largest |variant - reference| over every output of every graph, on the same probe inputs."""
     worst = 0.0
     for graph, ref_file in reference.items():
-        ref = ort.InferenceSession(str(folder / ref_file), providers=["CPUExecutionProvider"])
-        new = ort.InferenceSession(str(folder / variant[graph]), providers=["CPUExecutionProvider"])
+        ref = _session(folder / ref_file, device)
+        new = _session(folder / variant[graph], device)
         feeds = _probe_feeds(ref)
         for a, b in zip(ref.run(None, feeds), new.run(None, feeds), strict=True):
             if a.size:
@@ -242,18 +251,16 @@ def parity(folder: Path, reference: dict[str, str], variant: dict[str, str]) -> 
     return worst
 
 
-def batch_difference(folder: Path, variant: dict[str, str]) -> float:
+def batch_difference(folder: Path, variant: dict[str, str], device: str = "cpu") -> float:
     """Largest |row in a batch of 3 - the same row alone| over every output of every graph.
 
     The service batches requests together, and its answers must not depend on what shares a batch
     (the tests compare batched with one-by-one answers at 1e-4). Anything that couples the rows, such
     as one activation scale per batch tensor (``quantize_dynamic``), shows here.
     """
-    import onnxruntime as ort
-
     worst = 0.0
     for file in variant.values():
-        session = ort.InferenceSession(str(folder / file), providers=["CPUExecutionProvider"])
+        session = _session(folder / file, device)
         feeds = _probe_feeds(session, rows=3)
         together = session.run(None, feeds)
         for row in range(3):
@@ -409,9 +416,12 @@ def build_variants(
     cuda = _cuda_works(folder / files["fp16"][next(iter(files["fp16"]))])
     for variant in sorted(variants, key=lambda v: v == "fused"):  # fused last: it may not need its pass
         record = variants[variant]
-        try:  # fp16 too: ONNX Runtime's CPU provider runs these graphs (its own fp16 kernels, not CUDA's)
-            record["parity_max_abs_diff"] = parity(folder, reference_files, files[variant])
-            record["batch_max_abs_diff"] = batch_difference(folder, files[variant])
+        # fp16 is checked where it serves, on CUDA; without CUDA, on ONNX Runtime's CPU provider (its own
+        # fp16 kernels, not CUDA's), for the record only
+        on = "cuda" if variant == "fp16" and cuda else "cpu"
+        try:
+            record["parity_max_abs_diff"] = parity(folder, reference_files, files[variant], on)
+            record["batch_max_abs_diff"] = batch_difference(folder, files[variant], on)
         except Exception as exc:
             if variant != "fp16":
                 raise
@@ -468,3 +478,86 @@ def build_variants(
     _save(folder, manifest)
     log.info("%s: variants written and evaluated in %.0f s", name, time.perf_counter() - started)
     return variants
+
+
+def validate_on_cuda(
+    models_dir: Path,
+    name: str,
+    data_dir: Path,
+    split: str = "validation",
+    limit: int | None = None,
+    beam_size: int = 4,
+    device: Literal["cpu", "cuda"] = "cuda",
+) -> dict[str, Any]:
+    """The fp16 variant of a model exported without CUDA, checked and evaluated on CUDA; recorded.
+
+    What ``build_variants`` does for fp16 when the export has CUDA, for a folder built elsewhere
+    (``scripts/gpu/``): parity with the reference and batch independence on CUDA, a validation pass
+    on CUDA, and the accuracy rule against the reference's figures in the manifest. Everything is
+    measured even where the batch rule already refuses, so the record says by how much. Returns the
+    fp16 record, also written to the manifest. ``device="cpu"`` runs the same steps on ONNX Runtime's
+    CPU provider (a dry run of the wiring, where no GPU is).
+    """
+    import json
+
+    from .evaluate import evaluate_model
+    from .machine import library_versions
+
+    folder = models_dir / name
+    manifest = json.loads((folder / MANIFEST).read_text())
+    # A copy trimmed for a GPU machine (scripts/gpu/pack.py) may carry the fp16 graphs alone, standing
+    # as its reference, with their record beside them: then no fp32 graph is there to compare with.
+    alone = manifest.get("carried", {}).get("reference") == "fp16"
+    record = manifest["carried"]["fp16_record"] if alone else manifest["variants"]["fp16"]
+    reference_files = {g: e["file"] for g, e in manifest["graphs"].items()}
+    graphs = reference_files if alone else record["graphs"]
+    reference = manifest["validation"][split]
+    if limit is None:  # the examples the reference was scored on (the build's eval_limit), the same first ones
+        limit = reference.get("examples")
+    started = time.perf_counter()
+    if not alone:  # else the record keeps the parity measured where it was built (CPU provider)
+        record["parity_max_abs_diff"] = parity(folder, reference_files, graphs, device)
+    record["batch_max_abs_diff"] = batch_difference(folder, graphs, device)
+    measured = evaluate_model(
+        models_dir,
+        name,
+        data_dir,
+        split,
+        limit,
+        beam_size,
+        variant="reference" if alone else "fp16",
+        device=device,
+    )
+    record["validation"] = {
+        k: v for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    record.update(_rule(manifest["task"], reference, measured))
+    if record["batch_max_abs_diff"] > BATCH_TOLERANCE:
+        batch = _batch_refusal(manifest["task"], record["batch_max_abs_diff"])
+        record["serve_by_default"] = False
+        record["reason"] = f"{batch['reason'].removeprefix('not evaluated: ')}; {record['reason']}"
+    record["validated_on"] = {
+        "provider": "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider",
+        "device": cuda_device_name(),
+        "onnxruntime": library_versions().get("onnxruntime-gpu"),
+    }
+    record["validation_seconds"] = round(time.perf_counter() - started, 1)
+    _save(folder, manifest)
+    log.info("%s fp16 on CUDA: %s", name, record["reason"])
+    return cast(dict[str, Any], record)
+
+
+def cuda_device_name() -> str:
+    """The GPU's name as nvidia-smi gives it, or "CUDA device" where nvidia-smi cannot say."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out.splitlines()[0] if out else "CUDA device"
