@@ -4,8 +4,9 @@ The real service with only the GPT model loaded; each client streams (``stream: 
 Events) greedy completions of ``max_new_tokens`` tokens from Tiny Shakespeare prompts, one after the
 other, for a fixed duration per point. Tokens/s counts the ``token`` events of the requests started
 in the window; time to first token is request sent -> first ``token`` event, under that load.
-MAX_RUNNING_SEQUENCES stays at the service default (16): at 32 streams half of them wait for a slot,
-which shows in their TTFT.
+MAX_RUNNING_SEQUENCES stays at the service default (16) unless ``--max-running-sequences`` says
+otherwise (the GPU table raises it to 64): at 32 streams half of them wait for a slot, which shows
+in their TTFT.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="per request (default 64, quick 16)")
     parser.add_argument("--streams", type=int, nargs="+", default=None, help=f"default {STREAMS}")
+    parser.add_argument(
+        "--max-running-sequences",
+        type=int,
+        default=None,
+        help="the server's MAX_RUNNING_SEQUENCES (default 16)",
+    )
 
 
 def stream_request(prompts: list[str], max_new_tokens: int) -> RequestFn:
@@ -75,9 +82,11 @@ def run(opts: Options) -> Result:
     rounds = opts.extra.get("rounds") or (1 if opts.quick else 2)
     max_new = opts.extra.get("max_new_tokens") or (16 if opts.quick else 64)
     warmup = 0.3 if opts.quick else 1.0
+    max_running = int(opts.extra.get("max_running_sequences") or 16)  # 16: the service's default
     prompts = shakespeare_prompts(64)
     runs: dict[int, list[LoadPoint]] = {n: [] for n in streams}
-    with subset_repository([folder]) as repo, benchmark_server(repo, opts) as server:
+    env = {"MAX_RUNNING_SEQUENCES": str(max_running)}
+    with subset_repository([folder]) as repo, benchmark_server(repo, opts, env=env) as server:
         provider = providers(server)
         request = stream_request(prompts, max_new)
         for _ in range(rounds):  # the points take turns, so that drift on a shared machine hits all alike
@@ -91,7 +100,12 @@ def run(opts: Options) -> Result:
         return ratio(p.total("tokens"), p.seconds)
 
     base = tps(points[1])
-    metrics: dict[str, object] = {"model": folder.name, "max_new_tokens": max_new, "duration_s": duration}
+    metrics: dict[str, object] = {
+        "model": folder.name,
+        "max_new_tokens": max_new,
+        "duration_s": duration,
+        "max_running_sequences": max_running,
+    }
     rows = [
         "| streams | tokens/s | vs 1 stream | per stream tok/s | TTFT p50 ms | TTFT p95 ms | requests | "
         "server cores | client cores |",
@@ -115,8 +129,8 @@ def run(opts: Options) -> Result:
         *rows,
         "",
         f"Model `{folder.name}`; greedy, max_new_tokens={max_new}, streamed (SSE); {rounds} round(s) of "
-        f"{duration:g} s per point (after {warmup:g} s of warm-up each), points taking turns; closed loop, one connection per stream; MAX_RUNNING_SEQUENCES=16 "
-        f"(service default). Failed or incomplete streams: {errors}.",
+        f"{duration:g} s per point (after {warmup:g} s of warm-up each), points taking turns; closed loop, one connection per stream; "
+        f"MAX_RUNNING_SEQUENCES={max_running}{' (the service default)' if max_running == 16 else ''}. Failed or incomplete streams: {errors}.",
     ]
     checks = [
         Check(

@@ -48,7 +48,16 @@ from harness.json_file import write_json
 # (module, its options on a GPU); --quick keeps each module's own quick sizes instead.
 PLAN: list[tuple[ModuleType, dict[str, Any]]] = [
     (batching, {"concurrency": [1, 32], "duration": 3.0, "rounds": 1}),
-    (continuous_batching, {"streams": [1, 16, 64], "duration": 4.0, "rounds": 1, "max_new_tokens": 64}),
+    (
+        continuous_batching,
+        {
+            "streams": [1, 16, 64],
+            "duration": 4.0,
+            "rounds": 1,
+            "max_new_tokens": 64,
+            "max_running_sequences": 64,
+        },
+    ),
     (kv_cache, {"repeats": 1}),
     (io_binding, {"rounds": 3, "new_tokens": 64}),
     (variants, {"rounds": 1, "seconds": 1.0}),

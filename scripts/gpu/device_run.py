@@ -12,11 +12,12 @@ leaves the others their time:
 
 1. ``providers``: ONNX Runtime's version and providers, and a one-op session on CUDA that must land
    there; if it does not, the libraries it could not load are printed and the run stops;
-2. ``pytest``: ``pytest -m cuda`` on the tiny models;
-3. ``fp16``: every default model's fp16 variant checked and evaluated on CUDA
+2. ``placement``: which provider each node of the benchmarks' graphs lands on (``placement.py``);
+3. ``pytest``: ``pytest -m cuda`` on the tiny models;
+4. ``fp16``: every default model's fp16 variant checked and evaluated on CUDA
    (``model_export.variants.validate_on_cuda``), the manifests written back;
-4. ``inplace``: GPT's in-place KV step graph in fp16 against the Concat decoder (``inplace_fp16.py``);
-5. ``bench``: ``benchmarks/gpu.py`` on the default models, with what is left of ``--seconds``.
+5. ``inplace``: GPT's in-place KV step graph in fp16 against the Concat decoder (``inplace_fp16.py``);
+6. ``bench``: ``benchmarks/gpu.py`` on the default models, with what is left of ``--seconds``.
 
 Everything lands in $OUT: ``summary.json`` (each step's status and seconds), ``logs.tar.gz`` (each
 step's output), ``fp16.json``, ``manifests.tar.gz``, ``inplace_fp16.json``, ``bench.json`` and
@@ -45,7 +46,15 @@ CARRY = Path(os.environ.get("GPU_CARRY", ROOT / ".gpu"))  # where this call's ca
 STAGE = Path(os.environ.get("GPU_STAGE", "/tmp/gpu-stage"))
 WORK = Path(os.environ.get("GPU_WORK", "/tmp/gpu-work"))
 # Seconds per step: the whole run must end inside one call's 600 s with time to spare.
-LIMITS = {"install": 90, "providers": 60, "pytest": 150, "fp16": 180, "inplace": 60, "bench": 330}
+LIMITS = {
+    "install": 90,
+    "providers": 60,
+    "placement": 60,
+    "pytest": 150,
+    "fp16": 180,
+    "inplace": 60,
+    "bench": 330,
+}
 BENCH_RESERVE_S = 75  # the longest single GPU benchmark (two servers started, three workloads each)
 # The CUDA libraries ONNX Runtime's CUDA provider opens (CUDA 13, cuDNN 9), from the nvidia-* wheels.
 CUDA_LIBRARIES: tuple[str, ...] = (
@@ -251,9 +260,21 @@ def run(dry_run: bool, seconds: float) -> int:
             steps.note("cuda_provider_missing_libraries", missing)
             log(f"libonnxruntime_providers_cuda.so cannot find: {missing}")
         return 1
+    models = WORK / "models"
+    if models.is_dir():  # where each node of the served graphs runs: a CPU node on CUDA costs copies
+        steps.run(
+            "placement",
+            [
+                python,
+                "scripts/gpu/placement.py",
+                "--models",
+                str(models),
+                "--json",
+                str(steps.logs / "placement.json"),
+            ],
+        )
     pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-rs"]
     steps.run("pytest", [*pytest, "tests/test_cuda.py", "tests/test_generation.py"])  # skipped in a dry run
-    models = WORK / "models"
     if models.is_dir():
         validate = [python, "scripts/gpu/validate_fp16.py", "--models", str(models)]
         validate += ["--json", str(out / "fp16.json"), *(["--dry-run"] if dry_run else [])]
