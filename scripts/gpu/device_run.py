@@ -298,16 +298,33 @@ def run(dry_run: bool, seconds: float) -> int:
     return 1 if failed else 0
 
 
+def probe() -> None:
+    """What the first call should learn while the rest is still on its way: GPU, python, CUDA libraries."""
+    log(f"GPU: {gpu_names()}; python {sys.version.split()[0]} at {sys.executable}")
+    dirs = cuda_library_dirs()
+    for name in CUDA_LIBRARIES:
+        where = [d for d in dirs if (Path(d) / name).exists()]
+        log(f"  {name}: {where[0] if where else 'NOT FOUND'}")
+    versions = subprocess.run(
+        [sys.executable, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+    ).stdout.splitlines()
+    wanted = ("numpy", "onnx", "onnxruntime", "protobuf", "pytest", "pytest-timeout", "torch", "nvidia-cudnn")
+    log("  " + ", ".join(v for v in versions if v.lower().startswith(wanted)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["stage", "unpack", "run"])
     parser.add_argument("--dry-run", action="store_true", help="no GPU here: skip the CUDA steps")
+    parser.add_argument("--probe", action="store_true", help="with stage: say what the machine has")
     parser.add_argument(
         "--seconds", type=float, default=540, help="the whole run's deadline (a device call stops at 600 s)"
     )
     args = parser.parse_args()
     if args.action == "stage":
         log(f"staged parts: {stage()}")
+        if args.probe:
+            probe()
         return 0
     if args.action == "unpack":
         stage()
