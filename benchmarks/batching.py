@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=None, help="seconds per point (default 4, quick 0.5)"
     )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2, quick 1)")
+    parser.add_argument("--workers", type=int, default=None, help="the servers' WORKERS (default 1)")
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=None, help=f"clients per point (default {CONCURRENCY})"
     )
@@ -71,13 +72,21 @@ def run(opts: Options) -> Result:
     duration = opts.extra.get("duration") or (0.5 if opts.quick else 4.0)
     rounds = opts.extra.get("rounds") or (1 if opts.quick else 2)
     warmup = 0.2 if opts.quick else 1.0
+    workers = int(opts.extra.get("workers") or 1)  # uvicorn worker processes, each with its own models
     texts = sentiment_texts()
     runs: dict[int, dict[int, list[LoadPoint]]] = {b: {c: [] for c in concurrency} for b in BATCH_SIZES}
     with subset_repository([folder]) as repo, contextlib.ExitStack() as stack:
         # Both servers run side by side (an idle one costs nothing) and take turns, point by point, so
         # that drift on a shared machine hits both alike.
         servers = {
-            b: stack.enter_context(benchmark_server(repo, opts, env={"MAX_BATCH_SIZE": str(b)}))
+            b: stack.enter_context(
+                benchmark_server(
+                    repo,
+                    opts,
+                    env={"MAX_BATCH_SIZE": str(b), "WORKERS": str(workers)},
+                    cpu_of_tree=workers > 1,  # the workers are the parent's children
+                )
+            )
             for b in BATCH_SIZES
         }
         provider = providers(servers[32])
@@ -92,7 +101,12 @@ def run(opts: Options) -> Result:
         "server cores (32 / 1) | client cores (32 / 1) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    metrics: dict[str, object] = {"model": folder.name, "duration_s": duration, "texts": len(texts)}
+    metrics: dict[str, object] = {
+        "model": folder.name,
+        "duration_s": duration,
+        "texts": len(texts),
+        "workers": workers,
+    }
     for c in concurrency:
         big, one = points[32][c], points[1][c]
         speedup = ratio(big.rps, one.rps)
@@ -110,13 +124,14 @@ def run(opts: Options) -> Result:
     details = [
         *rows,
         "",
-        f"Model `{folder.name}`, one SST-2 validation sentence per request ({len(texts)} in rotation), "
+        f"Model `{folder.name}`, WORKERS={workers}, one SST-2 validation sentence per request ({len(texts)} in rotation), "
         f"`Cache-Control: no-cache, no-store`; {rounds} round(s) of {duration:g} s per point (after {warmup:g} s "
         "of warm-up each), the two servers taking turns point by point; closed loop "
         f"(asyncio + uvloop, a minimal keep-alive HTTP/1.1 client, one connection per client). Non-200 answers: {errors}. Server and client share the machine: "
         "'cores' is CPU time over wall time of each process during the point.",
     ]
-    checks = [Check("Batching speedup, 32 clients", float(metrics["batching_speedup_32"]), TARGET_32)]  # type: ignore[arg-type]
+    label = "Batching speedup, 32 clients" + (f", {workers} workers" if workers > 1 else "")
+    checks = [Check(label, float(metrics["batching_speedup_32"]), TARGET_32)]  # type: ignore[arg-type]
     return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
 
 

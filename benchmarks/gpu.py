@@ -5,7 +5,8 @@
 Runs, in this order (most wanted first), each with GPU-sized options, every ratio measured side by side
 in one run on the same machine:
 
-- (b) dynamic batching: served classify throughput at 32 clients, MAX_BATCH_SIZE=32 vs 1;
+- (b) dynamic batching: served classify throughput at 32 clients, MAX_BATCH_SIZE=32 vs 1, with one
+  worker and with four (the service's per-request work is CPU: one process caps what a GPU can serve);
 - (d) continuous batching: generated tokens/s with 16 and 64 streams vs 1;
 - (a) KV cache vs recomputing the prefix;
 - (m) IO binding vs plain ``run`` (``io_binding.py``);
@@ -47,22 +48,23 @@ from harness.json_file import write_json
 
 # (module, its options on a GPU); --quick keeps each module's own quick sizes instead.
 PLAN: list[tuple[ModuleType, dict[str, Any]]] = [
-    (batching, {"concurrency": [1, 32], "duration": 3.0, "rounds": 1}),
+    (batching, {"concurrency": [1, 32], "duration": 4.0, "rounds": 2}),
+    (batching, {"concurrency": [1, 32, 64], "duration": 4.0, "rounds": 1, "workers": 4}),
     (
         continuous_batching,
         {
             "streams": [1, 16, 64],
             "duration": 4.0,
-            "rounds": 1,
+            "rounds": 2,
             "max_new_tokens": 64,
             "max_running_sequences": 64,
         },
     ),
-    (kv_cache, {"repeats": 1}),
-    (io_binding, {"rounds": 3, "new_tokens": 64}),
-    (variants, {"rounds": 1, "seconds": 1.0}),
-    (overhead, {"duration": 8.0, "rounds": 2, "passes": 1, "concurrency": 64}),
-    (served_variants, {"duration": 4.0, "rounds": 1, "clients": 32}),
+    (kv_cache, {"repeats": 3}),
+    (io_binding, {"rounds": 5, "new_tokens": 64}),
+    (variants, {"rounds": 2, "seconds": 1.5}),
+    (overhead, {"duration": 12.0, "rounds": 3, "passes": 1, "concurrency": 64}),
+    (served_variants, {"duration": 4.0, "rounds": 2, "clients": 32}),
 ]
 
 
@@ -78,24 +80,26 @@ def main() -> int:
     results: list[Result] = []
     status: dict[str, str] = {}
     for module, extra in PLAN:
+        key = module.NAME + (f"_{extra['workers']}_workers" if extra.get("workers", 1) > 1 else "")
         if time.perf_counter() - started > args.budget_s:
-            status[module.NAME] = f"skipped: the {args.budget_s:g} s budget was spent"
-            print(f"\n-> {module.TITLE}\n{status[module.NAME]}", flush=True)
+            status[key] = f"skipped: the {args.budget_s:g} s budget was spent"
+            print(f"\n-> {module.TITLE}\n{status[key]}", flush=True)
             continue
         print(f"\n-> {module.TITLE}", flush=True)
         opts.extra = {} if opts.quick else dict(extra)
         reason = module.skip_reason(opts) if hasattr(module, "skip_reason") else None
         if reason is not None:
-            status[module.NAME] = f"skipped: {reason}"
-            print(status[module.NAME], flush=True)
+            status[key] = f"skipped: {reason}"
+            print(status[key], flush=True)
             continue
         try:
             result = timed_run(module, opts)
         except Exception as exc:  # one broken benchmark must not hide the others' figures
             traceback.print_exc()
-            status[module.NAME] = f"failed: {type(exc).__name__}: {exc}"
+            status[key] = f"failed: {type(exc).__name__}: {exc}"
             continue
-        status[module.NAME] = f"ran in {result.seconds:.0f} s"
+        status[key] = f"ran in {result.seconds:.0f} s"
+        result.name = key
         results.append(result)
         print_result(result)
     elapsed = time.perf_counter() - started
