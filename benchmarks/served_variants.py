@@ -39,7 +39,7 @@ from harness.service_process import ServiceProcess
 from harness.stats import ratio
 
 NAME = "served_variants"
-TITLE = "(i) Served int8 vs fused fp32: classify, generate, translate at 32 clients"
+TITLE = "(i) Served int8 (fp16 on CUDA) vs fused fp32: classify, generate, translate at 32 clients"
 # The reduced-precision variant against fused fp32, by device: int8 on CPU, fp16 on CUDA.
 VARIANTS = {"cpu": ("int8", "fused"), "cuda": ("fp16", "fused")}
 TASKS = {"classify": "text-classification", "generate": "text-generation", "translate": "translation"}

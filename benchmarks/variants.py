@@ -43,7 +43,7 @@ from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
 from service.pipelines.translate import prepare_source
 
 NAME = "variants"
-TITLE = "(h) Graph variants: raw ONNX Runtime throughput, fp32 reference vs fused vs int8"
+TITLE = "(h) Graph variants: raw ONNX Runtime throughput, fp32 reference vs fused vs int8 (fp16 on CUDA)"
 TARGET_INT8_32 = 1.8
 # The reduced-precision variant each device has: int8 matmuls on CPU, fp16 on CUDA.
 LOW_PRECISION = {"cpu": "int8", "cuda": "fp16"}

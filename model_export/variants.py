@@ -20,9 +20,13 @@ headline metric may drop by at most 0.01 (accuracy, F1 on 0-1 scales), 1 point (
 (``batch_difference``: a variant that fails it is not even evaluated). Fused fp32 is the reference's
 function (parity within ``FUSED_PARITY``): where int8 passes and serves on CPU, fused is accepted on
 that parity without a validation pass of its own; otherwise it is evaluated like the others. The
-service serves a variant by default only where both hold (``service/engine/variants.py``). fp16 is evaluated only where the export has CUDA; elsewhere it is
-written, recorded as not validated (with its parity on ONNX Runtime's CPU provider, which runs
-it), and not served by default.
+service serves a variant by default only where both hold (``service/engine/variants.py``). fp16 is
+evaluated where the export has CUDA (parity and batch independence on CUDA too). Elsewhere it is
+written with its parity on ONNX Runtime's CPU provider, which runs it, and judged by the validation
+recorded on a GPU machine for a build of the same recipe (``fp16_validation.json``, written by
+``scripts/gpu/record_fp16.py``): served by default where that passed and this build's fp16 graphs
+stand as near their reference as the validated ones did; with no such record, not validated and
+not served by default.
 """
 
 from __future__ import annotations
@@ -428,6 +432,11 @@ def build_variants(
             log.warning("%s fp16 does not run on the CPU provider: %s", name, exc)
         if variant == "fp16" and not cuda:
             record["validation"] = None
+            recorded = recorded_fp16(manifest)
+            if recorded is not None and record.get("parity_max_abs_diff") is not None:
+                record.update(_recorded_rule(recorded, record["parity_max_abs_diff"], manifest["version"]))
+                log.info("%s %s: %s", name, variant, record["reason"])
+                continue
             record["reason"] = "not validated: no CUDA at export"
             if record.get("parity_max_abs_diff") is not None:
                 record["reason"] += (
@@ -512,7 +521,9 @@ def validate_on_cuda(
     reference_files = {g: e["file"] for g, e in manifest["graphs"].items()}
     graphs = reference_files if alone else record["graphs"]
     reference = manifest["validation"][split]
-    if limit is None:  # the examples the reference was scored on (the build's eval_limit), the same first ones
+    if (
+        limit is None
+    ):  # the examples the reference was scored on (the build's eval_limit), the same first ones
         limit = reference.get("examples")
     started = time.perf_counter()
     if not alone:  # else the record keeps the parity measured where it was built (CPU provider)
@@ -545,6 +556,84 @@ def validate_on_cuda(
     _save(folder, manifest)
     log.info("%s fp16 on CUDA: %s", name, record["reason"])
     return cast(dict[str, Any], record)
+
+
+# fp16 validations measured on a GPU machine (scripts/gpu/record_fp16.py writes it from a GPU run)
+FP16_RECORD = Path(__file__).with_name("fp16_validation.json")
+# This build's fp16 graphs compute what the validated build's did if, on ONNX Runtime's CPU provider,
+# they stay as near their reference: within twice the validated build's difference (float16 rounding
+# of weights of the same recipe's scale), plus a little slack for a build whose own difference is tiny.
+FP16_PARITY_FACTOR, FP16_PARITY_SLACK = 2.0, 1e-3
+
+
+def recorded_fp16(manifest: dict[str, Any], record_path: Path = FP16_RECORD) -> dict[str, Any] | None:
+    """The fp16 validation recorded on a GPU machine for a build of this model's recipe, if any.
+
+    A build matches when it is the same model, profile and number of training steps as the one
+    validated (``--steps`` or ``--steps-scale`` make another recipe). Returns the model's entry with
+    the run's facts (device, ONNX Runtime, date, commit) merged in.
+    """
+    import json
+
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text())
+    entry = record["models"].get(manifest.get("name"))
+    training = manifest.get("training", {})
+    if entry is None or (entry["profile"], entry["steps"]) != (
+        training.get("profile"),
+        training.get("steps"),
+    ):
+        return None
+    return {**{k: v for k, v in record.items() if k != "models"}, **entry}
+
+
+def _recorded_rule(recorded: dict[str, Any], cpu_parity: float, version: str) -> dict[str, Any]:
+    """fp16 of a build exported without CUDA, judged by a validation of its recipe's build on a GPU.
+
+    Served by default where that validation passed the rule (accuracy and batch independence on
+    CUDA) and this build's fp16 graphs stand as near their reference as the validated build's did.
+    """
+    same_graphs = version == recorded["version"]
+    near = cpu_parity <= FP16_PARITY_FACTOR * recorded["cpu_parity_max_abs_diff"] + FP16_PARITY_SLACK
+    which = (
+        "these very graphs"
+        if same_graphs
+        else f"a build of this recipe ({recorded['profile']} profile, {recorded['steps']} steps)"
+    )
+    reason = (
+        f"validated on {recorded['device']} with ONNX Runtime {recorded['onnxruntime']} ({recorded['date']}, "
+        f"commit {recorded['git']}) for {which}: {recorded['metric']} {recorded['fp16']:.4f} vs "
+        f"{recorded['reference']:.4f} for the reference, "
+        f"{'within' if recorded['passes'] else 'beyond'} the allowed change of {recorded['tolerance']:g}; a row's "
+        f"outputs change by at most {recorded['batch_max_abs_diff']:.2g} with its batch on CUDA"
+    )
+    if not same_graphs:
+        reason += (
+            f"; this build's fp16 outputs are within {cpu_parity:.2g} of its reference on ONNX Runtime's CPU "
+            f"provider ({'near' if near else 'not near'} the validated build's {recorded['cpu_parity_max_abs_diff']:.2g})"
+        )
+    return {
+        "metric": recorded["metric"],
+        "tolerance": recorded["tolerance"],
+        "validated_elsewhere": recorded,
+        "serve_by_default": bool(recorded["passes"] and (same_graphs or near)),
+        "reason": reason,
+    }
+
+
+def apply_recorded_fp16(folder: Path, record_path: Path = FP16_RECORD) -> dict[str, Any] | None:
+    """Judge an exported folder's fp16 variant by the recorded GPU validation, in place; its record or None."""
+    import json
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    fp16 = manifest.get("variants", {}).get("fp16")
+    recorded = recorded_fp16(manifest, record_path)
+    if fp16 is None or recorded is None or fp16.get("parity_max_abs_diff") is None:
+        return None
+    fp16.update(_recorded_rule(recorded, fp16["parity_max_abs_diff"], manifest["version"]))
+    _save(folder, manifest)
+    return cast(dict[str, Any], fp16)
 
 
 def cuda_device_name() -> str:

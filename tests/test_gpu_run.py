@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -284,3 +285,111 @@ def test_fp16_inplace_step_decodes_the_concat_tokens(tiny_models: Path, tmp_path
     assert 0 < fp16 < 0.05
     assert ways["fp16_inplace"]["max_abs_diff_vs_fp32_recompute"] <= 2 * fp16 + 1e-3
     assert ways["fp16_inplace"]["argmax_is_forced"] == ways["fp16_concat"]["argmax_is_forced"]
+
+
+# --- the fp16 validation recorded on a GPU machine, and what a CPU build makes of it ---------------
+
+
+def _record(tmp_path: Path, **entry: object) -> Path:
+    base = {
+        "profile": "default",
+        "steps": 700,
+        "version": "v1",
+        "metric": "bits_per_char",
+        "reference": 2.6445,
+        "fp16": 2.6444,
+        "delta": -0.0001,
+        "tolerance": 0.05,
+        "passes": True,
+        "batch_max_abs_diff": 0.0,
+        "cpu_parity_max_abs_diff": 0.004,
+    }
+    record = {"device": "NVIDIA H200", "onnxruntime": "1.31.1", "date": "2026-11-27", "git": "abc1234"}
+    path = tmp_path / "fp16_validation.json"
+    path.write_text(json.dumps({**record, "models": {"gpt": {**base, **entry}}}))
+    return path
+
+
+def _gpt_manifest(version: str = "v2", profile: str = "default", steps: int = 700) -> dict[str, object]:
+    return {"name": "gpt", "version": version, "training": {"profile": profile, "steps": steps}}
+
+
+@pytest.mark.parametrize(
+    ("record", "manifest", "cpu_parity", "served", "words"),
+    [
+        ({}, {"version": "v1"}, 0.004, True, "for these very graphs"),
+        ({}, {}, 0.006, True, "near the validated build's 0.004"),  # another build, as near its reference
+        ({}, {}, 0.02, False, "not near the validated build's 0.004"),  # its fp16 strays further
+        ({"passes": False}, {"version": "v1"}, 0.004, False, "beyond the allowed change"),
+        ({}, {"steps": 1400}, 0.004, None, ""),  # another recipe (--steps): the record says nothing
+        ({}, {"profile": "tiny"}, 0.004, None, ""),
+    ],
+)
+def test_a_cpu_build_judges_fp16_by_the_recorded_gpu_validation(
+    tmp_path: Path,
+    record: dict[str, object],
+    manifest: dict[str, object],
+    cpu_parity: float,
+    served: bool | None,
+    words: str,
+) -> None:
+    from model_export.variants import _recorded_rule, recorded_fp16
+
+    built = _gpt_manifest(**manifest)  # type: ignore[arg-type]
+    recorded = recorded_fp16(built, _record(tmp_path, **record))
+    if served is None:
+        assert recorded is None
+        return
+    assert recorded is not None and recorded["device"] == "NVIDIA H200" and recorded["git"] == "abc1234"
+    judged = _recorded_rule(recorded, cpu_parity, str(built["version"]))
+    assert judged["serve_by_default"] is served and words in judged["reason"]
+    assert judged["reason"].startswith(
+        "validated on NVIDIA H200 with ONNX Runtime 1.31.1 (2026-11-27, commit abc1234)"
+    )
+
+
+def test_the_committed_record_is_the_rule_applied_to_the_default_recipes() -> None:
+    """Each entry's verdict is the rule on its own figures, for the default profile's current recipe.
+
+    A recipe whose steps changed no longer matches its entry (a build of it is another model): the
+    entry must then go, or be measured again on a GPU (docs/DEVELOPMENT.md, "The GPU run").
+    """
+    from model_export.profiles import recipe_for
+    from model_export.variants import BATCH_TOLERANCE, FP16_RECORD, RULES
+
+    record = json.loads(FP16_RECORD.read_text())
+    assert record["models"], "no model recorded"
+    for name, entry in record["models"].items():
+        assert entry["profile"] == "default" and entry["steps"] == recipe_for("default", name).train.steps, (
+            name
+        )
+        task = next(
+            t for t, rule in RULES.items() if rule[0] == entry["metric"] and rule[1] == entry["tolerance"]
+        )
+        _, tolerance, higher = RULES[task]
+        assert entry["delta"] == pytest.approx(entry["fp16"] - entry["reference"], abs=1e-3), name
+        drop = -entry["delta"] if higher else entry["delta"]
+        assert entry["passes"] == (
+            drop <= tolerance + 1e-9 and entry["batch_max_abs_diff"] <= BATCH_TOLERANCE
+        ), name
+
+
+def test_a_recorded_validation_is_applied_to_a_built_folder(tiny_models: Path, tmp_path: Path) -> None:
+    """``apply_recorded_fp16`` (record_fp16.py) rewrites the fp16 record so the service serves it on CUDA."""
+    from model_export.variants import apply_recorded_fp16
+    from service.engine.manifest import Manifest
+    from service.engine.variants import choose_variant
+
+    folder = tmp_path / "gpt"
+    shutil.copytree(tiny_models / "gpt", folder, ignore=shutil.ignore_patterns(".work"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert choose_variant(Manifest.model_validate(manifest), "cuda").name != "fp16"  # not validated yet
+    steps, profile = manifest["training"]["steps"], manifest["training"]["profile"]
+    parity = manifest["variants"]["fp16"]["parity_max_abs_diff"]
+    path = _record(
+        tmp_path, version=manifest["version"], steps=steps, profile=profile, cpu_parity_max_abs_diff=parity
+    )
+    judged = apply_recorded_fp16(folder, path)
+    assert judged is not None and judged["serve_by_default"]
+    saved = Manifest.model_validate(json.loads((folder / "manifest.json").read_text()))
+    assert choose_variant(saved, "cuda").name == "fp16" and choose_variant(saved, "cpu").name != "fp16"
