@@ -3,7 +3,7 @@
 ONNX Runtime's optimizer (``onnxruntime.transformers.optimizer``) fuses LayerNorm + residual
 (SkipLayerNormalization), bias + GELU (BiasGelu) and BERT's embeddings (EmbedLayerNormalization),
 but its attention patterns do not match this exporter's: scores masked with
-``Where(not mask, finfo.min, scores)`` (``model_export/layers.py``), and the decoders' KV cache
+``Where(not mask, finfo.min, scores)`` (``model_export/models/layers.py``), and the decoders' KV cache
 ``Concat``. So ``fuse_attention`` rewrites our own pattern
 
     Softmax(Where(not_mask, min, MatMul(q, Transpose(k, [0, 1, 3, 2])) / sqrt(Dh))) @ v

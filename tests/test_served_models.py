@@ -1,7 +1,7 @@
 """SERVED_MODELS: one process (pod, KServe InferenceService) serves the models it names, and only those.
 
 KServe's unit is one model per InferenceService; deploy/kserve/ gives each its own pod from the same
-image and repository, told which model to load with SERVED_MODELS (tests/test_kserve.py checks the
+image and repository, told which model to load with SERVED_MODELS (tests/test_k8s_crds.py checks the
 manifests). Here: the loader loads only the named folders, refuses a name without a folder with a
 reason, and the running app answers for its models through the REST, OpenAI and v2 doors and for no
 other, ready only when it has a model to serve.

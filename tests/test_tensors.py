@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's tensor codec (service/api/tensors.py): round trips, tritonclient's own
+"""The Open Inference Protocol's tensor codec (service/api/v2/tensors.py): round trips, tritonclient's own
 encoding both ways, and every malformed body answered as a 400 naming the input (never a 5xx)."""
 
 from __future__ import annotations

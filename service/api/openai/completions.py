@@ -20,6 +20,7 @@ from typing import Any, Literal
 from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import json_post
@@ -36,7 +37,6 @@ from service.api.openai.schemas import (
     CompletionUsage,
     chunk_schema,
 )
-from service.api.rest.envelope import cache_control
 from service.errors import InvalidInputError
 from service.inference import Generation, GenerationStreams, ServedModel, TokenEvent, TokenLogprob, Usage
 

@@ -16,13 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from service.api.http.body_model import NoBooleanNumbers
+from service.api.http.body_schema import ModelName, Text, json_body
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.http.guards import json_post
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
-from service.api.rest.envelope import cache_control
-from service.api.rest.schemas.common import ModelName, Text, json_body
 
 
 def _no_token_ids(value: Any) -> Any:

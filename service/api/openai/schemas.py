@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from service.api.http.body_model import NoBooleanNumbers
+from service.api.http.body_schema import ModelName, Text, json_body, json_schema_of
 from service.api.http.error_body import ERROR_KINDS
 from service.api.http.fields import FieldNames, one_or_many
-from service.api.rest.schemas.common import ModelName, Text, json_body, json_schema_of
 from service.inference import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)

@@ -15,12 +15,13 @@ from litestar import Controller, post
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.fields import FieldNames
 from service.api.http.guards import json_post, require_multipart
-from service.api.rest.envelope import cache_control, envelope
+from service.api.rest.envelope import envelope
 from service.api.rest.schemas.classify import (
     MAX_TOP_K,
     ClassificationOut,

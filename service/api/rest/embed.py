@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from litestar import Controller
 
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
-from service.api.rest.envelope import cache_control, envelope
+from service.api.rest.envelope import envelope
 from service.api.rest.schemas.embed import (
     EmbedBody,
     EmbeddingOut,

@@ -7,13 +7,14 @@ from typing import Any
 from litestar import Controller, Response
 from litestar.openapi.datastructures import ResponseSpec
 
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
-from service.api.rest.envelope import cache_control, envelope
+from service.api.rest.envelope import envelope
 from service.api.rest.schemas.generate import SSE_EVENT_SCHEMA, GenerateBody, GenerateResponse, GenerationOut
 from service.api.rest.sse import generation_events
 

@@ -15,12 +15,12 @@ import msgspec
 from litestar import Controller, Request, post
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationEvents
-from service.api.rest.envelope import cache_control
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from service.api.v2.schemas import GenerateRequest, GenerateResponse
 from service.api.v2.tasks import (

@@ -22,12 +22,12 @@ from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Sche
 from pydantic import ValidationError
 
 from service.api.http.auth import cache_scope_of
+from service.api.http.body_schema import json_schema_of
 from service.api.http.client_json import parse_client_json
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
-from service.api.rest.schemas.common import json_schema_of
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_error_responses
 from service.api.v2.infer import InferCall, infer
 from service.api.v2.schemas import (

@@ -8,16 +8,10 @@ from typing import Annotated
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, Field, model_validator
 
+from service.api.http.body_schema import Text, exactly_one_of, json_body
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import (
-    InferenceResponse,
-    Request,
-    Text,
-    exactly_one,
-    exactly_one_of,
-    json_body,
-)
+from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one
 from service.inference import Classification
 
 MAX_TOP_K = 100

@@ -6,12 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from service.api.rest.schemas.common import (
-    InferenceResponse,
-    TextInput,
-    exactly_one_of,
-    json_body,
-)
+from service.api.http.body_schema import exactly_one_of, json_body
+from service.api.rest.schemas.common import InferenceResponse, TextInput
 from service.inference import Embedding
 
 

@@ -7,16 +7,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_schema import Text, alternative, json_body
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import (
-    InferenceResponse,
-    Request,
-    Text,
-    alternative,
-    exactly_one,
-    json_body,
-)
+from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one
 from service.inference import Answer, Entities
 
 

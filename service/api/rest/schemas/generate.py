@@ -7,18 +7,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_schema import Text, alternative, json_body, json_schema_of
 from service.api.http.error_body import ErrorBody
 from service.api.http.fields import FieldNames, one_or_many
-from service.api.rest.schemas.common import (
-    InferenceResponse,
-    Request,
-    Text,
-    alternative,
-    exactly_one,
-    json_body,
-    json_schema_of,
-    ranged,
-)
+from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one, ranged
 from service.inference import DEFAULT_MAX_NEW_TOKENS, Generation, SamplingParams
 from service.inference.params import MAX_STOP_CHARS, MAX_STOP_STRINGS, sampling_params
 

@@ -7,8 +7,9 @@ from typing import Annotated
 from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from service.api.http.body_schema import exactly_one_of, json_body
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import InferenceResponse, TextInput, exactly_one_of, json_body, ranged
+from service.api.rest.schemas.common import InferenceResponse, TextInput, ranged
 from service.inference import Translation
 
 
