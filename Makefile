@@ -18,7 +18,8 @@ serve: models
 	MODEL_REPOSITORY=$(MODELS) $(PY) -m service
 
 # The suite needs more than serving does: haproxy and the container tools (scripts/setup.sh --test-tools).
-test: setup test-tools
+# Lint first: a style, type or layering fault fails CI as a failing test does.
+test: setup test-tools lint
 	$(PY) -m pytest -q
 
 test-tools:
@@ -33,6 +34,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy service model_export
+	.venv/bin/lint-imports
 
 format: setup
 	.venv/bin/ruff check --fix .

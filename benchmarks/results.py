@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.options import ROOT, Options
+from model_export.machine import gpu_name
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - the service needs it
         ort_version, available = "missing", []
     return {
-        "gpu": gpu_name(),
+        "gpu": gpu_name(memory=True),
         "cpu": models[0] if models else platform.processor() or "unknown",
         "cores": len(models) or os.cpu_count() or 0,
         "vector_extensions": vector_extensions(cpuinfo),
@@ -99,20 +100,6 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "git": git_revision(),
     }
-
-
-def gpu_name() -> str | None:
-    """The NVIDIA GPU's name and memory (nvidia-smi), None where there is none."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0] if out else None
 
 
 def git_revision() -> str:

@@ -34,6 +34,23 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def gpu_name(memory: bool = False) -> str | None:
+    """The first NVIDIA GPU's name (and memory), as nvidia-smi gives it; None where there is none."""
+    import subprocess
+
+    query = "name,memory.total" if memory else "name"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
 def torch_cpu_capability() -> str:
     """The kernel set PyTorch dispatches to (AVX512, AVX2, ...): ATEN_CPU_CAPABILITY can lower it."""
     import torch

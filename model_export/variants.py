@@ -46,7 +46,7 @@ from service.engine.variants import VariantChoice
 
 from .fusion import fuse_attention, op_counts, optimize
 from .inplace_kv import rewrite_inplace, step_difference
-from .machine import cpu_model
+from .machine import cpu_model, gpu_name
 from .quantize_rows import quantize_rows
 from .variant_speed import speedup
 
@@ -549,7 +549,7 @@ def validate_on_cuda(
         record["reason"] = f"{batch['reason'].removeprefix('not evaluated: ')}; {record['reason']}"
     record["validated_on"] = {
         "provider": "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider",
-        "device": cuda_device_name(),
+        "device": gpu_name() or "CUDA device",
         "onnxruntime": library_versions().get("onnxruntime-gpu"),
     }
     record["validation_seconds"] = round(time.perf_counter() - started, 1)
@@ -634,19 +634,3 @@ def apply_recorded_fp16(folder: Path, record_path: Path = FP16_RECORD) -> dict[s
     fp16.update(_recorded_rule(recorded, fp16["parity_max_abs_diff"], manifest["version"]))
     _save(folder, manifest)
     return cast(dict[str, Any], fp16)
-
-
-def cuda_device_name() -> str:
-    """The GPU's name as nvidia-smi gives it, or "CUDA device" where nvidia-smi cannot say."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out.splitlines()[0] if out else "CUDA device"

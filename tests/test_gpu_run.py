@@ -393,3 +393,27 @@ def test_a_recorded_validation_is_applied_to_a_built_folder(tiny_models: Path, t
     assert judged is not None and judged["serve_by_default"]
     saved = Manifest.model_validate(json.loads((folder / "manifest.json").read_text()))
     assert choose_variant(saved, "cuda").name == "fp16" and choose_variant(saved, "cpu").name != "fp16"
+
+
+def test_a_step_past_its_limit_takes_its_children_with_it(tmp_path: Path) -> None:
+    """A benchmark's servers must not outlive the step that started them (they held the port and a core)."""
+    import time as clock
+
+    device_run = _script("device_run")
+    device_run.WORK = tmp_path / "work"
+    steps = device_run.Steps(tmp_path, dict(os.environ), deadline=clock.monotonic() + 2)
+    pid_file = tmp_path / "child.pid"
+    spawn = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(60)"
+    )
+    assert steps.run("providers", [sys.executable, "-c", spawn]) == 124
+    child = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init once killed
+        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            break
+        clock.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} outlived it")
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"]["providers"]["exit"] == 124

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -204,11 +205,15 @@ class Steps:
         started = time.perf_counter()
         log_file = self.logs / f"{name}.log"
         with log_file.open("w") as sink:
+            # A session of its own: at the limit the whole group goes, the servers a benchmark started too.
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
-                code = subprocess.run(
-                    cmd, cwd=ROOT, env=self.env, timeout=limit, stdout=sink, stderr=subprocess.STDOUT
-                ).returncode
+                code = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 code = 124
                 log(f"step {name}: stopped at its {limit:.0f} s limit")
         seconds = round(time.perf_counter() - started, 1)

@@ -1,0 +1,69 @@
+"""The layering rules hold, and fail when broken on purpose.
+
+``lint-imports`` (import-linter, ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``)
+checks four contracts: the engine imports nothing above it, the doors reach the engine and the
+pipelines only through the inference core, the shared HTTP layer imports no door, and no door imports
+a sibling. Here it runs on a copy of ``service/`` with one import added that breaks each rule.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([str(LINT)], cwd=tree, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    shutil.copytree(
+        ROOT / "service", tmp_path / "service", ignore=shutil.ignore_patterns("__pycache__", "static")
+    )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_tree_keeps_every_contract(tree: Path) -> None:
+    result = _lint(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (
+            "service/engine/sneak.py",
+            "import service.api.rest.classify",
+            "The engine imports nothing above it",
+        ),
+        (
+            "service/api/rest/sneak.py",
+            "import service.engine.batcher",
+            "The doors reach the engine and the pipelines",
+        ),
+        (
+            "service/api/http/sneak.py",
+            "import service.api.rest.envelope",
+            "The shared HTTP layer imports no door",
+        ),
+        ("service/api/openai/sneak.py", "import service.api.v2.schemas", "No door imports a sibling door"),
+    ],
+)
+def test_a_broken_rule_fails(tree: Path, module: str, line: str, contract: str) -> None:
+    (tree / module).write_text(f'"""An import that breaks a rule."""\n\n{line}\n')
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert f"{contract}" in result.stdout and "BROKEN" in result.stdout
+    assert "1 broken" in result.stdout
