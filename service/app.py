@@ -44,18 +44,19 @@ from service.api.grpc.server import GrpcServer
 from service.api.http.admission import admit_requests
 from service.api.http.auth import ApiKeys, require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
-from service.api.http.error_body import describe_status
 from service.api.http.errors import EXCEPTION_HANDLERS
 from service.api.http.observe import observe_requests
+from service.api.http.raw_errors import RAW_SHAPES_KEY
 from service.api.http.request_id import ensure_request_id_header
 from service.api.openai.errors import is_openai_path
 from service.api.pages.docs_ui import assets_router, render_plugins
-from service.api.routes import CONTROLLERS
+from service.api.routes import CONTROLLERS, RAW_ERROR_SHAPES
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.engine import runtime
 from service.engine.repository import load_repository
 from service.engine.runtime import RuntimeOptions
+from service.errors import describe_status
 from service.inference.limits import RequestLimits
 from service.inference.registry import ModelRegistry
 from service.inference.service import InferenceService
@@ -160,6 +161,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             "settings": settings,
             "limits": RequestLimits.from_settings(settings),
             "metrics": metrics,
+            RAW_SHAPES_KEY: RAW_ERROR_SHAPES,
         }
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)

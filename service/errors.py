@@ -1,16 +1,91 @@
-"""Request-level domain errors: what a client did wrong, or why the service cannot answer now.
+"""The service's error vocabulary: what went wrong, in kinds every door renders in its own shape.
 
-The engine's own errors (queue full, queue timeout, closed) live in
-``service.engine.errors``; the HTTP layer maps both families to responses in
-one exception-handler table (``service.api.http.errors``). Each error names the
-request field at fault, so a client can fix the right thing.
+Each error the core (or a door's decoding) raises on purpose has a **kind** (``validation_error``,
+``model_not_found``, ``queue_full``, ...), a message, and the request field at fault, so a client can
+fix the right thing. ``KINDS`` maps each kind once to its HTTP status and its gRPC status code;
+``problem_of`` turns any exception into a ``Problem`` (kind, message, field, the field errors, when to
+retry). A door only renders a ``Problem``: REST's ``{"error": {...}}``, OpenAI's, the Open Inference
+Protocol's ``{"error": "..."}``, a gRPC status, an in-band stream event. Nothing else classifies.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
+from service.engine.generation_contract import GenerationCancelledError
+
+log = logging.getLogger(__name__)
+
+# Retry-After when nothing better is known (service starting or stopping, a queue timeout).
+DEFAULT_RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    status: int  # HTTP
+    grpc: str  # the gRPC status code's name
+    when: str  # in words, for the API documents
+
+
+# Every kind of error the API answers with, once: its HTTP status, its gRPC code and when it is sent.
+# The OpenAPI descriptions of each status and of the error bodies' ``type`` are made from this table.
+KINDS: dict[str, ErrorKind] = {
+    "malformed_json": ErrorKind(400, "INVALID_ARGUMENT", "the body is not JSON"),
+    "bad_request": ErrorKind(400, "INVALID_ARGUMENT", "an unreadable request"),
+    "unauthorized": ErrorKind(
+        401, "UNAUTHENTICATED", "no valid API key: Authorization: Bearer KEY or X-API-Key: KEY"
+    ),
+    "model_not_found": ErrorKind(
+        404, "NOT_FOUND", "no loaded model by that name, or none for the task (field `model`)"
+    ),
+    "not_found": ErrorKind(404, "NOT_FOUND", "no such path"),
+    "method_not_allowed": ErrorKind(405, "UNIMPLEMENTED", "the path does not take this method"),
+    "request_timeout": ErrorKind(
+        408,
+        "DEADLINE_EXCEEDED",
+        "the body did not arrive within BODY_READ_TIMEOUT_S; the connection is closed",
+    ),
+    "payload_too_large": ErrorKind(413, "RESOURCE_EXHAUSTED", "body over MAX_BODY_BYTES"),
+    "unsupported_media_type": ErrorKind(415, "INVALID_ARGUMENT", "wrong Content-Type (field `Content-Type`)"),
+    "validation_error": ErrorKind(
+        422,
+        "INVALID_ARGUMENT",
+        "a field is invalid: range, empty/whitespace/oversized text, too many items, undecodable image, "
+        "model serving another task (with `field` and `errors`)",
+    ),
+    "queue_full": ErrorKind(
+        429, "RESOURCE_EXHAUSTED", "the model's queue is full; retry after the `Retry-After` header's seconds"
+    ),
+    "client_closed_request": ErrorKind(
+        499, "CANCELLED", "the client went away; nobody reads it, but logs and metrics do"
+    ),
+    "cancelled": ErrorKind(499, "CANCELLED", "the generation was cancelled before it finished"),
+    "internal_error": ErrorKind(
+        500, "INTERNAL", "a bug in the service, logged with its traceback; never caused by request content"
+    ),
+    "not_ready": ErrorKind(503, "UNAVAILABLE", "the service is starting or draining; see `Retry-After`"),
+    "queue_timeout": ErrorKind(
+        503, "UNAVAILABLE", "the request waited too long in the queue; see `Retry-After`"
+    ),
+    "unavailable": ErrorKind(503, "UNAVAILABLE", "the model is shutting down; see `Retry-After`"),
+    "overloaded": ErrorKind(
+        503, "UNAVAILABLE", "MAX_IN_FLIGHT_REQUESTS are being answered; see `Retry-After`"
+    ),
+}
+
+
+def describe_status(status: int) -> str:
+    """The kinds an HTTP status carries, for its OpenAPI description."""
+    return "; ".join(f"`{kind}`: {k.when}" for kind, k in KINDS.items() if k.status == status)
+
 
 class ServiceError(Exception):
-    """Base of every error the inference layer raises on purpose."""
+    """Base of every error the service raises on purpose; ``kind`` says which (``KINDS``)."""
+
+    kind: ClassVar[str] = "bad_request"
 
     def __init__(self, message: str, field: str | None = None, index: int | None = None) -> None:
         super().__init__(message)
@@ -24,6 +99,8 @@ class InvalidInputError(ServiceError):
 
     ``reason`` is a short machine-readable word for clients (``too_long``, ``undecodable_image``...).
     """
+
+    kind = "validation_error"
 
     def __init__(
         self, message: str, field: str | None = None, reason: str = "invalid_input", index: int | None = None
@@ -41,8 +118,29 @@ class TaskMismatchError(InvalidInputError):
         )
 
 
+class MalformedBodyError(ServiceError):
+    """The body cannot be read as its Content-Type says: ``malformed_json`` or ``bad_request``."""
+
+    def __init__(self, message: str, kind: str = "bad_request", field: str | None = None) -> None:
+        super().__init__(message, field)
+        self.kind = kind  # type: ignore[misc]  # this error's kind is the instance's
+
+
+class UnsupportedMediaTypeError(ServiceError):
+    """The request's Content-Type is not what the endpoint reads."""
+
+    kind = "unsupported_media_type"
+
+    def __init__(self, got: str, expected: str) -> None:
+        super().__init__(
+            f"Content-Type {got or '(none)'} is not supported here; send {expected}", "Content-Type"
+        )
+
+
 class ModelNotFoundError(ServiceError):
     """No loaded model has this name (it may have been refused at start-up: see GET /v1/models)."""
+
+    kind = "model_not_found"
 
     def __init__(self, name: str, available: list[str]) -> None:
         listed = ", ".join(available) or "none"
@@ -65,6 +163,8 @@ class ModelVersionNotFoundError(ModelNotFoundError):
 class NoModelForTaskError(ServiceError):
     """The request names no model and no loaded model serves its task."""
 
+    kind = "model_not_found"
+
     def __init__(self, task: str) -> None:
         super().__init__(f"no loaded model serves {task}", field="model")
         self.task = task
@@ -73,7 +173,87 @@ class NoModelForTaskError(ServiceError):
 class NotReadyError(ServiceError):
     """The service is starting or stopping; the client should retry after ``retry_after_s``."""
 
-    def __init__(self, state: str, retry_after_s: int = 1) -> None:
+    kind = "not_ready"
+
+    def __init__(self, state: str, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
         super().__init__(f"service is {state}, not ready for inference")
         self.state = state
         self.retry_after_s = retry_after_s
+
+
+class ClientDisconnectedError(ServiceError):
+    """The client closed the connection before its answer was ready; its work was cancelled."""
+
+    kind = "client_closed_request"
+
+    def __init__(self, message: str = "the client closed the connection") -> None:
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    field: str | None
+    message: str
+    type: str  # machine-readable: ``string_too_long``, ``blank_text``, ``too_long``...
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One error as every door renders it: ``kind`` (``KINDS``) gives its HTTP status and gRPC code."""
+
+    kind: str
+    message: str
+    field: str | None = None
+    errors: tuple[FieldProblem, ...] = ()  # every field at fault (validation errors)
+    retry_after_s: int | None = None
+    status_override: int | None = None  # an HTTP status of the framework's own that no kind names
+    headers: tuple[tuple[str, str], ...] = ()  # besides Retry-After (WWW-Authenticate, Allow, Connection)
+
+    @property
+    def status(self) -> int:
+        return self.status_override or KINDS[self.kind].status
+
+    @property
+    def grpc(self) -> str:
+        return KINDS[self.kind].grpc
+
+    @property
+    def text(self) -> str:
+        """The message with its field first (``texts[0]: must not be empty``): gRPC's one line."""
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+    @property
+    def headline(self) -> str:
+        """An error body's ``message``: a validation error names its field first, the others do not (their
+        ``field`` says it beside)."""
+        return self.text if self.kind == "validation_error" else self.message
+
+    def response_headers(self) -> dict[str, str]:
+        out = dict(self.headers)
+        if self.retry_after_s is not None:
+            out["Retry-After"] = str(self.retry_after_s)
+        return out
+
+
+def problem_of(exc: BaseException, where: str = "") -> Problem:
+    """The ``Problem`` an exception is. A failure that is not the client's is logged here (``where``: the
+    request, for the log), and its message says only to see the log."""
+    if isinstance(exc, InvalidInputError):
+        return Problem(exc.kind, exc.message, exc.field, (FieldProblem(exc.field, exc.message, exc.reason),))
+    if isinstance(exc, NotReadyError):
+        return Problem(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
+    if isinstance(exc, ServiceError):
+        return Problem(exc.kind, exc.message, exc.field)
+    if isinstance(exc, QueueFullError):
+        return Problem("queue_full", str(exc), retry_after_s=max(1, exc.retry_after_s))
+    if isinstance(exc, QueueTimeoutError):
+        return Problem("queue_timeout", str(exc), retry_after_s=DEFAULT_RETRY_AFTER_S)
+    if isinstance(exc, BatcherClosedError):
+        return Problem("unavailable", str(exc), retry_after_s=DEFAULT_RETRY_AFTER_S)
+    if isinstance(exc, GenerationCancelledError):
+        return Problem("cancelled", str(exc))
+    if isinstance(exc, EngineError):
+        log.error("inference failed%s: %s", f" ({where})" if where else "", exc)
+        return Problem("internal_error", "inference failed; see the service log")
+    log.error("unhandled error%s", f" on {where}" if where else "", exc_info=exc)
+    return Problem("internal_error", "internal error; see the service log")

@@ -16,7 +16,6 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from service.api.http.errors import MalformedBodyError
 from service.api.v2.tensors import (
     Output,
     decode_binary,
@@ -28,6 +27,7 @@ from service.api.v2.tensors import (
     read_inputs,
     split_body,
 )
+from service.errors import MalformedBodyError
 
 
 def spec(name: str, datatype: str, shape: list[int], size: int | None = None, data: Any = None) -> Any:

@@ -1,7 +1,15 @@
-"""Every door's Litestar controllers, one per resource: each only maps its protocol to the inference core."""
+"""Every door's Litestar controllers, one per resource: each only maps its protocol to the inference core.
+
+``RAW_ERROR_SHAPES``: each door's error body for its own paths, for the answers a middleware sends
+before any handler runs (``api/http/raw_errors.py``); every other path answers in the REST shape.
+"""
+
+from litestar import Router
+from litestar.types import ControllerRouterHandler
 
 from service.api.openai.completions import CompletionsController
 from service.api.openai.embeddings import EmbeddingsController
+from service.api.openai.errors import OPENAI_EXCEPTION_HANDLERS, is_openai_path, openai_error_body
 from service.api.pages.playground import PlaygroundController
 from service.api.rest.classify import ClassifyController
 from service.api.rest.embed import EmbedController
@@ -9,10 +17,11 @@ from service.api.rest.extract import ExtractController
 from service.api.rest.generate import GenerateController
 from service.api.rest.system import HealthController, MetricsController, ModelsController
 from service.api.rest.translate import TranslateController
+from service.api.v2.errors import is_v2_path, v2_error_body
 from service.api.v2.generate import GenerateExtensionController
 from service.api.v2.routes import OpenInferenceController
 
-CONTROLLERS = [
+CONTROLLERS: list[ControllerRouterHandler] = [
     TranslateController,
     ClassifyController,
     GenerateController,
@@ -20,7 +29,8 @@ CONTROLLERS = [
     EmbedController,
     EmbeddingsController,
     ExtractController,
-    ModelsController,
+    # OpenAI's model list (with this service's own fields): OpenAI's error shape
+    Router("/", route_handlers=[ModelsController], exception_handlers=OPENAI_EXCEPTION_HANDLERS),
     HealthController,
     MetricsController,
     OpenInferenceController,
@@ -28,4 +38,6 @@ CONTROLLERS = [
     PlaygroundController,
 ]
 
-__all__ = ["CONTROLLERS", "HealthController", "MetricsController"]
+RAW_ERROR_SHAPES = ((is_openai_path, openai_error_body), (is_v2_path, v2_error_body))
+
+__all__ = ["CONTROLLERS", "RAW_ERROR_SHAPES", "HealthController", "MetricsController"]

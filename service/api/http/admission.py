@@ -27,6 +27,7 @@ from collections.abc import Callable
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from service.api.http.raw_errors import send_error
+from service.errors import Problem
 from service.lifecycle import Lifecycle
 
 # Probes and scrapes are answered whatever the load: they are how operators see it.
@@ -92,7 +93,7 @@ def admit_requests(
                 return
             length, has_body = _declared_length(scope)
             if length is not None and length > max_body_bytes:
-                await _refuse(scope, send, 413, "payload_too_large", _too_large(max_body_bytes))
+                await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
                 return
             inner_receive = receive
             if has_body:
@@ -101,13 +102,12 @@ def admit_requests(
                 except _Disconnected:
                     return  # nobody to answer
                 except _TooLarge:
-                    await _refuse(scope, send, 413, "payload_too_large", _too_large(max_body_bytes))
+                    await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
                     return
                 except TimeoutError:
                     await _refuse(
                         scope,
                         send,
-                        408,
                         "request_timeout",
                         f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
                     )
@@ -115,15 +115,8 @@ def admit_requests(
                 inner_receive = _replay(body, receive)
             route = scope.get("path_template") or "unmatched"
             if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
-                await send_error(
-                    scope,
-                    send,
-                    503,
-                    "overloaded",
-                    f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); "
-                    "retry later",
-                    headers={"Retry-After": "1"},
-                )
+                message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
+                await send_error(scope, send, Problem("overloaded", message, retry_after_s=1))
                 return
             lifecycle.request_started()
             try:
@@ -140,10 +133,10 @@ def _too_large(limit: int) -> str:
     return f"the request body is over {limit} bytes (MAX_BODY_BYTES)"
 
 
-async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:
+async def _refuse(scope: Scope, send: Send, kind: str, message: str) -> None:
     """An answer to a request whose body was not (or not all) read: the connection closes after it, since
     what is left of the body would otherwise be read as the next request."""
-    await send_error(scope, send, status, kind, message, headers={"Connection": "close"})
+    await send_error(scope, send, Problem(kind, message, headers=(("Connection", "close"),)))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

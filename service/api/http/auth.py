@@ -21,6 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
+from service.errors import Problem
 from service.settings import Settings
 
 # Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
@@ -130,16 +131,14 @@ def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
                 scope.setdefault("state", {})[CACHE_SCOPE_KEY] = keys.cache_scope(presented)  # type: ignore[typeddict-item]
                 await app(scope, receive, send)
                 return
-            await send_error(
-                scope,
-                send,
-                401,
-                "unauthorized",
+            message = (
                 "a valid API key is required: Authorization: Bearer KEY, or X-API-Key: KEY"
                 if not presented
-                else "the API key is not valid",
-                field="Authorization",
-                headers={"WWW-Authenticate": 'Bearer realm="tserve"'},
+                else "the API key is not valid"
+            )
+            challenge = (("WWW-Authenticate", 'Bearer realm="tserve"'),)
+            await send_error(
+                scope, send, Problem("unauthorized", message, "Authorization", headers=challenge)
             )
 
         return middleware

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from service.api.http.errors import MalformedBodyError
+from service.errors import MalformedBodyError
 
 
 def malformed(exc: Exception, what: str = "JSON", field: str | None = None) -> MalformedBodyError:

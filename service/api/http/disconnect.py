@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from litestar import Request
 
-from service.api.http.errors import ClientDisconnectedError
+from service.errors import ClientDisconnectedError
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from litestar.exceptions import SerializationException
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.http.client_json import malformed
-from service.api.http.errors import MalformedBodyError, UnsupportedMediaTypeError
+from service.errors import MalformedBodyError, UnsupportedMediaTypeError
 
 
 def _media_type(request: Request[Any, Any, Any]) -> str:

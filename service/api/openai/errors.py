@@ -1,19 +1,15 @@
 """Errors on the OpenAI-compatible routes, in OpenAI's shape: ``{"error": {message, type, param, code}}``.
 
-Nothing is classified here: every exception goes through the same handler as on
-the rest of the API (``errors.EXCEPTION_HANDLERS``, statuses from
-``schemas.errors.ERROR_KINDS``), and its answer is re-dressed: ``code`` is our
-error kind (``model_not_found``, ``queue_full``, ...), ``param`` our ``field``,
-``type`` OpenAI's class of error for the status, and headers (``Retry-After``)
-are kept. One status differs, as in OpenAI's API and vLLM: a request that fails
-validation answers 400, not 422, so that clients catching
-``openai.BadRequestError`` see it.
+Nothing is classified here: the core says what each error is (``service/errors.py``: its kind, status
+and field), and this renders it: ``code`` is our error kind (``model_not_found``, ``queue_full``, ...),
+``param`` our ``field``, ``type`` OpenAI's class of error for the status, and ``Retry-After`` is kept.
+One status differs, as in OpenAI's API and vLLM: a request that fails validation answers 400, not 422,
+so that clients catching ``openai.BadRequestError`` see it.
 
-Use it on a controller (``exception_handlers = OPENAI_EXCEPTION_HANDLERS``,
-``responses=OPENAI_ERRORS`` for the documented statuses); middlewares that answer
-before any handler (auth 401, overload 503) use ``openai_error_body`` for
-``OPENAI_PATHS`` through ``raw_errors.send_error``. Mid-stream errors are sent as one
-``data: {"error": ...}`` chunk (``openai_stream_error``).
+Use it on a router (``exception_handlers = OPENAI_EXCEPTION_HANDLERS``, ``responses=OPENAI_ERRORS``
+for the documented statuses); middlewares that answer before any handler (auth 401, overload 503)
+render with ``openai_error_body`` for ``OPENAI_PATHS``, as the app registers it. Mid-stream errors are
+sent as one ``data: {"error": ...}`` chunk (``openai_stream_error``).
 """
 
 from __future__ import annotations
@@ -24,8 +20,9 @@ from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from service.api.http.errors import error_responses, reshaped_handlers, stream_error
+from service.api.http.errors import error_responses, handlers
 from service.api.openai.schemas import OpenAIErrorBody, OpenAIErrorDetail
+from service.errors import Problem, problem_of
 
 # The paths whose errors are OpenAI-shaped, also when a middleware answers (auth, overload).
 OPENAI_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
@@ -51,32 +48,29 @@ def openai_error_type(status: int) -> str:
     return "invalid_request_error"
 
 
-def openai_error_body(status: int, kind: str, message: str, param: str | None = None) -> dict[str, Any]:
-    """The OpenAI error body for one of our errors (``kind`` from ``ERROR_KINDS``) answered with ``status``."""
-    detail = OpenAIErrorDetail(message=message, type=openai_error_type(status), param=param, code=kind)
+def openai_error_body(problem: Problem) -> dict[str, Any]:
+    """A ``Problem`` in OpenAI's error shape."""
+    status = openai_status(problem.status)
+    detail = OpenAIErrorDetail(
+        message=problem.headline, type=openai_error_type(status), param=problem.field, code=problem.kind
+    )
     return OpenAIErrorBody(error=detail).model_dump()
 
 
-def openai_response(response: Response[Any]) -> Response[dict[str, Any]]:
-    """One of ``errors.py``'s answers (``{"error": {type, message, field, ...}}``) in OpenAI's shape."""
-    detail = response.content.get("error", {}) if isinstance(response.content, dict) else {}
-    status = openai_status(response.status_code or 500)
-    body = openai_error_body(
-        status,
-        str(detail.get("type", "internal_error")),
-        str(detail.get("message", "")),
-        detail.get("field"),
+def openai_response(request: Request[Any, Any, Any], problem: Problem) -> Response[dict[str, Any]]:
+    status = openai_status(problem.status)
+    return Response(
+        openai_error_body(problem), status_code=status, headers=problem.response_headers() or None
     )
-    return Response(body, status_code=status, headers=dict(response.headers) or None)
 
 
-OPENAI_EXCEPTION_HANDLERS: ExceptionHandlersMap = reshaped_handlers(openai_response)
-"""``EXCEPTION_HANDLERS`` with OpenAI's body: set it as a controller's ``exception_handlers``."""
+OPENAI_EXCEPTION_HANDLERS: ExceptionHandlersMap = handlers(openai_response)
+"""The exception handlers of the OpenAI routes: set them as a router's ``exception_handlers``."""
 
 
 def openai_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The body of the ``data: {"error": ...}`` chunk that ends a stream broken mid-way (as vLLM sends it)."""
-    return stream_error(exc, request, openai_response)
+    return openai_error_body(problem_of(exc, f"{request.method} {request.url.path}"))
 
 
 def openai_error_responses(*codes: int) -> dict[int, ResponseSpec]:

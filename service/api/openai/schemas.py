@@ -16,8 +16,8 @@ from pydantic_core import PydanticCustomError
 
 from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.body_schema import ModelName, Text, json_body, json_schema_of
-from service.api.http.error_body import ERROR_KINDS
 from service.api.http.fields import FieldNames, one_or_many
+from service.errors import KINDS
 from service.inference import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)
@@ -216,9 +216,7 @@ class OpenAIErrorDetail(BaseModel):
         "rate_limit_error | server_error"
     )
     param: str | None = Field(default=None, description="The (first) request field at fault")
-    code: str | None = Field(
-        default=None, description="This service's error kind: " + " | ".join(ERROR_KINDS)
-    )
+    code: str | None = Field(default=None, description="This service's error kind: " + " | ".join(KINDS))
 
 
 class OpenAIErrorBody(BaseModel):

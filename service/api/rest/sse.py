@@ -11,29 +11,15 @@ or mid-stream, the sequence is cancelled, so the engine stops decoding it at its
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 
 from litestar.response import ServerSentEventMessage
 
-from service.api.http.error_body import ErrorBody, ErrorDetail
+from service.api.http.error_body import error_body
 from service.api.http.streaming import GenerationEvents
 from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
-from service.inference import (
-    BatcherClosedError,
-    GenerationCancelledError,
-    GenerationStreams,
-    QueueTimeoutError,
-)
-
-log = logging.getLogger(__name__)
-
-# Errors a stream may meet that are not bugs (the same kinds as the HTTP error table).
-_STREAM_ERRORS: dict[type[BaseException], str] = {
-    QueueTimeoutError: "queue_timeout",
-    BatcherClosedError: "unavailable",
-    GenerationCancelledError: "cancelled",
-}
+from service.errors import problem_of
+from service.inference import GenerationStreams
 
 
 async def _events(
@@ -59,17 +45,8 @@ async def _events(
         )
         yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
-        kind = _STREAM_ERRORS.get(type(exc))
-        if kind is None:
-            log.exception("generation stream failed", exc_info=exc)
-        detail = ErrorDetail(
-            type=kind or "internal_error",
-            message=str(exc) if kind else "generation failed; see the service log",
-            request_id=request_id,
-        )
-        yield ServerSentEventMessage(
-            data=ErrorBody(error=detail).model_dump_json(exclude_none=True), event="error"
-        )
+        body = error_body(problem_of(exc, "a generation stream"), request_id)
+        yield ServerSentEventMessage(data=body.model_dump_json(exclude_none=True), event="error")
 
 
 def generation_events(streams: GenerationStreams, request_id: str | None) -> GenerationEvents:

@@ -9,7 +9,6 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from service.api.http.deps import Services
 from service.api.http.openapi import also_answers
-from service.api.openai.errors import OPENAI_EXCEPTION_HANDLERS
 from service.api.rest.schemas.system import (
     LiveResponse,
     ModelOut,
@@ -81,10 +80,10 @@ def describe(model: ServedModel) -> ModelOut:
 
 
 class ModelsController(Controller):
+    """Also OpenAI's model list: mounted with the OpenAI door's error shape (``api/routes.py``)."""
+
     path = "/v1/models"
     tags = ("models",)
-
-    exception_handlers = OPENAI_EXCEPTION_HANDLERS  # an OpenAI route: OpenAI's error shape
 
     @get(summary="Loaded models (OpenAI's list), refused folders and request limits")
     async def models(self, services: Services) -> ModelsResponse:

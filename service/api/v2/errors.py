@@ -1,18 +1,15 @@
 """Errors on the Open Inference Protocol v2 routes (``/v2/...``), in its shape: ``{"error": "message"}``.
 
-Nothing is classified here: every exception goes through the same handler as on
-the rest of the API (``errors.EXCEPTION_HANDLERS``, statuses from
-``schemas.errors.ERROR_KINDS``) and its answer is re-dressed as the protocol's
-error object, headers (``Retry-After``) kept. One status differs, as in Triton
-and KServe: a request that fails validation is a 400 (invalid argument), not a
-422, so 400 bad input, 404 unknown model or version, 413 body over the limit,
-429 / 503 with ``Retry-After``.
+Nothing is classified here: the core says what each error is (``service/errors.py``: its kind, status
+and field), and this renders it as the protocol's error object, ``Retry-After`` kept. One status
+differs, as in Triton and KServe: a request that fails validation is a 400 (invalid argument), not a
+422, so 400 bad input, 404 unknown model or version, 413 body over the limit, 429 / 503 with
+``Retry-After``.
 
-Use it on a controller (``exception_handlers = V2_EXCEPTION_HANDLERS``,
-``responses=V2_ERRORS``); middlewares that answer before any handler (auth 401,
-overload 503) use ``v2_error_body`` for ``is_v2_path`` through
-``raw_errors.send_error``. A stream broken mid-way ends with one
-``data: {"error": ...}`` chunk (``v2_stream_error``), as Triton's generate_stream does.
+Use it on a router (``exception_handlers = V2_EXCEPTION_HANDLERS``, ``responses=V2_ERRORS``);
+middlewares that answer before any handler (auth 401, overload 503) render with ``v2_error_body`` for
+``is_v2_path``, as the app registers it. A stream broken mid-way ends with one ``data: {"error": ...}``
+chunk (``v2_stream_error``), as Triton's generate_stream does.
 """
 
 from __future__ import annotations
@@ -23,8 +20,9 @@ from litestar import Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from service.api.http.errors import error_responses, reshaped_handlers, stream_error
+from service.api.http.errors import error_responses, handlers
 from service.api.v2.schemas import V2ErrorBody
+from service.errors import Problem, problem_of
 
 V2_PREFIX = "/v2"
 
@@ -38,25 +36,22 @@ def v2_status(status: int) -> int:
     return 400 if status == 422 else status
 
 
-def v2_error_body(message: str) -> dict[str, Any]:
-    return {"error": message}
+def v2_error_body(problem: Problem) -> dict[str, Any]:
+    return {"error": problem.headline or problem.kind}
 
 
-def v2_response(response: Response[Any]) -> Response[dict[str, Any]]:
-    """One of ``errors.py``'s answers (``{"error": {type, message, field, ...}}``) in the protocol's shape."""
-    detail = response.content.get("error", {}) if isinstance(response.content, dict) else {}
-    message = str(detail.get("message", "")) or str(detail.get("type", "error"))
-    status = v2_status(response.status_code or 500)
-    return Response(v2_error_body(message), status_code=status, headers=dict(response.headers) or None)
+def v2_response(request: Request[Any, Any, Any], problem: Problem) -> Response[dict[str, Any]]:
+    status = v2_status(problem.status)
+    return Response(v2_error_body(problem), status_code=status, headers=problem.response_headers() or None)
 
 
-V2_EXCEPTION_HANDLERS: ExceptionHandlersMap = reshaped_handlers(v2_response)
-"""``EXCEPTION_HANDLERS`` with the protocol's body: set it as a controller's ``exception_handlers``."""
+V2_EXCEPTION_HANDLERS: ExceptionHandlersMap = handlers(v2_response)
+"""The exception handlers of the v2 routes: set them as a router's ``exception_handlers``."""
 
 
 def v2_stream_error(exc: Exception, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The ``data: {"error": ...}`` chunk that ends a generate_stream broken mid-way."""
-    return stream_error(exc, request, v2_response)
+    return v2_error_body(problem_of(exc, f"{request.method} {request.url.path}"))
 
 
 def v2_error_responses(*codes: int) -> dict[int, ResponseSpec]:

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from service.api.http.client_json import parse_client_json
-from service.api.http.errors import MalformedBodyError
 from service.api.http.fields import FieldNames
 from service.api.v2.tensors import Output, Tensor
-from service.errors import InvalidInputError, ModelNotFoundError, ServiceError
+from service.errors import InvalidInputError, MalformedBodyError, ModelNotFoundError, ServiceError
 from service.inference import CacheControl, InferenceService, Outcome, ServedModel
 from service.inference.params import decoding_params, sampling_params
 

@@ -25,7 +25,7 @@ import numpy as np
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from service.api.http.client_json import parse_client_json
-from service.api.http.errors import MalformedBodyError
+from service.errors import MalformedBodyError
 
 # datatype -> numpy dtype (little-endian); BYTES has none: its elements are byte strings.
 NUMERIC: dict[str, np.dtype[Any]] = {
