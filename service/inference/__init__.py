@@ -36,7 +36,7 @@ from service.pipelines.translate import DecodingParams
 from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits
 from .models import ServedModel
 from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService
-from .streams import GenerationStreams
+from .streams import ChoiceDone, GenerationStreams, TokenOut
 
 __all__ = [
     "BYPASS",
@@ -50,6 +50,7 @@ __all__ = [
     "AttentionQuery",
     "BatcherClosedError",
     "CacheControl",
+    "ChoiceDone",
     "Classification",
     "DecodingParams",
     "Embedding",
@@ -70,6 +71,7 @@ __all__ = [
     "ServedModel",
     "TokenEvent",
     "TokenLogprob",
+    "TokenOut",
     "Translation",
     "TranslationSequence",
     "Usage",

@@ -9,7 +9,6 @@ which are OpenAI's shape (``openai_errors.py``). GET /v1/models is in ``system.p
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -38,7 +37,7 @@ from service.api.openai.schemas import (
     chunk_schema,
 )
 from service.errors import InvalidInputError
-from service.inference import Generation, GenerationStreams, ServedModel, TokenEvent, TokenLogprob, Usage
+from service.inference import Generation, GenerationStreams, ServedModel, TokenLogprob, TokenOut, Usage
 
 log = logging.getLogger(__name__)
 
@@ -110,33 +109,6 @@ def _sse(payload: str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-async def _merged(streams: GenerationStreams) -> AsyncIterator[tuple[int, TokenEvent | Generation]]:
-    """Events of several streams as they come, tagged with the stream's index; each ends with its result."""
-    queue: asyncio.Queue[tuple[int, TokenEvent | Generation | Exception]] = asyncio.Queue()
-
-    async def pump(index: int, stream: Any) -> None:
-        try:
-            async for event in stream:
-                queue.put_nowait((index, event))
-            queue.put_nowait((index, await stream.result()))
-        except Exception as exc:
-            queue.put_nowait((index, exc))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams.streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            index, item = await queue.get()
-            if isinstance(item, Exception):
-                raise item
-            if isinstance(item, Generation):
-                remaining -= 1
-            yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 async def _chunks(
     data: CompletionRequest,
     request: Request[Any, Any, Any],
@@ -161,26 +133,26 @@ async def _chunks(
     def chunk(choice: CompletionChoice) -> bytes:
         return response([choice])
 
-    offsets = [0] * len(streams.streams)  # characters sent per choice, for text_offset
-    results: list[Generation | None] = [None] * len(streams.streams)
+    offsets = [0] * streams.count  # characters sent per choice, for text_offset
     try:
         if data.echo:
             for k, prompt in enumerate(p for p in data.prompts for _ in range(data.choices)):
                 offsets[k] = len(prompt)
                 yield chunk(CompletionChoice(index=k, text=prompt, finish_reason=None))
-        async for k, item in _merged(streams):
-            if isinstance(item, TokenEvent):
+        async for item in streams:
+            k = item.choice
+            if isinstance(item, TokenOut):
+                event = item.event
                 logprobs = None
-                if item.logprob is not None:
-                    logprobs = texts.logprobs([item.logprob], offsets[k])
-                offsets[k] += len(item.text)
-                yield chunk(CompletionChoice(index=k, text=item.text, finish_reason=None, logprobs=logprobs))
+                if event.logprob is not None:
+                    logprobs = texts.logprobs([event.logprob], offsets[k])
+                offsets[k] += len(event.text)
+                yield chunk(CompletionChoice(index=k, text=event.text, finish_reason=None, logprobs=logprobs))
             else:
-                results[k] = item
-                finish = _FINISH[item.finish_reason]
+                finish = _FINISH[item.generation.finish_reason]
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=finish))
         if data.stream_options is not None and data.stream_options.include_usage:
-            yield response([], _usage(streams.usage([r for r in results if r is not None])))
+            yield response([], _usage(streams.usage()))
     except Exception as exc:  # headers are sent: the failure can only be reported in-band, as vLLM does
         yield _sse(json.dumps(openai_stream_error(exc, request)))
     yield b"data: [DONE]\n\n"

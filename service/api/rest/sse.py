@@ -19,31 +19,32 @@ from service.api.http.error_body import error_body
 from service.api.http.streaming import GenerationEvents
 from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
 from service.errors import problem_of
-from service.inference import GenerationStreams
+from service.inference import GenerationStreams, TokenOut
 
 
 async def _events(
     streams: GenerationStreams, request_id: str | None
 ) -> AsyncIterator[ServerSentEventMessage]:
-    (stream,) = streams.streams
     try:
-        async for event in stream:
-            data = TokenEventOut(index=event.index, token_id=event.token_id, text=event.text)
-            yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
-        result = await stream.result()
-        usage = streams.usage([result])
-        done = DoneEventOut(
-            model=streams.model,
-            model_version=streams.model_version,
-            finish_reason=result.finish_reason,
-            text=result.text,
-            usage={
-                "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-                "total_tokens": usage.total_tokens,
-            },
-        )
-        yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
+        async for item in streams:
+            if isinstance(item, TokenOut):
+                event = item.event
+                data = TokenEventOut(index=event.index, token_id=event.token_id, text=event.text)
+                yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
+                continue
+            usage = streams.usage()
+            done = DoneEventOut(
+                model=streams.model,
+                model_version=streams.model_version,
+                finish_reason=item.generation.finish_reason,
+                text=item.generation.text,
+                usage={
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "total_tokens": usage.total_tokens,
+                },
+            )
+            yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
         body = error_body(problem_of(exc, "a generation stream"), request_id)
         yield ServerSentEventMessage(data=body.model_dump_json(exclude_none=True), event="error")

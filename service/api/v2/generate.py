@@ -36,6 +36,7 @@ from service.inference import (
     InferenceService,
     Outcome,
     ServedModel,
+    TokenOut,
     Translation,
     TranslationSequence,
 )
@@ -181,14 +182,12 @@ async def _single(chunk: dict[str, Any]) -> AsyncIterator[ServerSentEventMessage
 async def _token_chunks(
     streams: GenerationStreams, base: dict[str, Any], request: Request[Any, Any, Any]
 ) -> AsyncIterator[ServerSentEventMessage]:
-    (stream,) = streams.streams
     try:
-        async for event in stream:
-            yield ServerSentEventMessage(
-                data=msgspec.json.encode({**base, "text_output": event.text}).decode()
-            )
-        result = await stream.result()
-        last = {**base, "text_output": "", "finish_reason": result.finish_reason}
-        yield ServerSentEventMessage(data=msgspec.json.encode(last).decode())
+        async for item in streams:
+            if isinstance(item, TokenOut):
+                chunk = {**base, "text_output": item.event.text}
+            else:
+                chunk = {**base, "text_output": "", "finish_reason": item.generation.finish_reason}
+            yield ServerSentEventMessage(data=msgspec.json.encode(chunk).decode())
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
         yield ServerSentEventMessage(data=msgspec.json.encode(v2_stream_error(exc, request)).decode())
