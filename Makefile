@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test-tools image models serve test lint format eval clean-models loadtest bench bench-peers soak lock audit
+.PHONY: setup test-fast test-tools image models serve test lint format eval clean-models loadtest bench bench-peers soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -21,6 +21,11 @@ serve: models
 # Lint first: a style, type or layering fault fails CI as a failing test does.
 test: setup test-tools lint
 	$(PY) -m pytest -q
+
+# The fast layer: the core, the pipelines, the doors' renderers and the project's own rules, with fakes
+# or graphs made on the spot; no model build, no training, no apt (well under a minute).
+test-fast: setup
+	$(PY) -m pytest -q -m "not models and not slow and not checkpoint"
 
 test-tools:
 	./scripts/setup.sh --test-tools

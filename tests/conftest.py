@@ -140,3 +140,15 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+# The fixtures that need the model build (or stand up servers on it): a test that uses none of them,
+# directly or through another fixture, is in the fast layer (`make test-fast`), unless it is `slow`.
+MODEL_FIXTURES = {"tiny_models", "model_repo"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & MODEL_FIXTURES:
+            item.add_marker(pytest.mark.models)

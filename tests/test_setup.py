@@ -28,6 +28,7 @@ TEST_USER = "tserve-setup-test"
 SUDOERS = Path("/etc/sudoers.d/tserve-setup-test")
 
 pytestmark = [
+    pytest.mark.slow,  # apt-get for real: not in the fast layer
     pytest.mark.skipif(shutil.which("apt-get") is None, reason="not a Debian-family system"),
     pytest.mark.skipif(os.geteuid() != 0, reason="installs and removes a Debian package: needs root"),
 ]

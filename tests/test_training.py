@@ -24,6 +24,8 @@ import torch
 from model_export.recipes.common import Trained
 from model_export.training import Probe, TrainResult, TrainSpec, train
 
+pytestmark = pytest.mark.slow  # trains models for real: not in the fast layer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
