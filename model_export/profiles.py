@@ -15,7 +15,7 @@ default build"; the curves measured there are quoted beside each budget).
 probes, and `reference_variants_s` the variants stage (with the evaluations; fused is no longer evaluated where
 int8 serves, 2026-11-26: those figures scaled by the share its pass took in that day's clean build),
 on the reference machine (a 2-core AMD EPYC with PyTorch held to AVX2 kernels;
-the variants stage, with int8's evaluations, measured in the README's clean build
+the variants stage, with int8's evaluations, measured in the clean build of docs/EXPORT.md's quality table
 on another EPYC and converted by its warm-up ratio): the build estimate scales
 the latter two by how this machine's warm-up compares with the first. They inform the estimate only; they never
 change what is trained.

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/playground_screenshots.py --models models
     .venv/bin/python scripts/playground_screenshots.py --models models --only-attention
 
-Starts ``python -m service`` on a free port over ``--models`` (the README's pictures come from the
+Starts ``python -m service`` on a free port over ``--models`` (docs/PLAYGROUND.md's pictures come from the
 default models), opens /playground in Debian's headless Chromium, fills and submits each panel as a
 user would (the inputs are the page's own examples; the image is a Fashion-MNIST validation picture
 when the data folder is there), and saves each panel's element as a PNG.

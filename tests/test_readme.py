@@ -1,7 +1,7 @@
 """The README and the docs/ pages say what is true.
 
 - every setting is in docs/CONFIGURATION.md with its real default;
-- the README's quality table gives each model's default step budget;
+- docs/EXPORT.md's quality table gives each model's default step budget, and the README stays short;
 - the README's commands are Makefile targets, and its one request per door (curl, the OpenAI client,
   tritonclient.http) works against a real server on the tiny models;
 - every relative link in the README and docs/ reaches a file, and an anchor into a page a heading.
@@ -70,10 +70,10 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 
 def test_quality_table_gives_the_default_step_budgets() -> None:
-    """The README's quality table states each model's step budget as the default profile has it."""
+    """docs/EXPORT.md's quality table states each model's step budget as the default profile has it."""
     from model_export.profiles import MODEL_NAMES, recipe_for
 
-    text = README.read_text()
+    text = (ROOT / "docs" / "EXPORT.md").read_text()
     table = text[text.index("## Model quality") :]
     table = table[: table.index("\n## ", 5)]
     rows = {}
@@ -86,6 +86,17 @@ def test_quality_table_gives_the_default_step_budgets() -> None:
         budget = next(c for c in cells if re.match(r"^[\d,]+ steps", c))  # the "training budget" column
         steps = int(budget.replace(",", "").split()[0])
         assert steps == recipe_for("default", name).train.steps, (name, budget)
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    """At most 1,000 words and no sentence over 40: every measured figure lives in docs/, linked."""
+    text = README.read_text()
+    assert len(text.split()) <= 1000, len(text.split())
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    prose = " ".join(line for line in prose.splitlines() if not line.startswith("|"))
+    long = [s for s in re.split(r"(?<=[.!?])\s+", prose) if len(s.split()) > 40]
+    assert not long, long
+    assert "(docs/PERFORMANCE.md)" in text and "(docs/EXPORT.md#model-quality)" in text
 
 
 def section(text: str, heading: str) -> str:
