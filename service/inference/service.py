@@ -305,9 +305,8 @@ class InferenceService:
             attention,
             inputs[0],
             self.limits.attention_max_tokens,
-            lambda: self._answer(
-                pipeline, request, result_type, attention_step.cache_control(attention, cache), compute
-            ),
+            # the rule: a request with return_attention never reads nor writes the response cache
+            lambda: self._answer(pipeline, request, result_type, BYPASS, compute),
         )
 
     async def embed(

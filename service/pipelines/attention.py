@@ -23,7 +23,6 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.cache.response_cache import BYPASS, CacheControl
 from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 
@@ -76,11 +75,6 @@ class AttentionHook(Protocol):
         ...
 
     async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
-
-
-def cache_control(query: AttentionQuery | None, control: CacheControl) -> CacheControl:
-    """The rule: a request with ``return_attention`` never reads nor writes the response cache."""
-    return control if query is None else BYPASS
 
 
 async def with_attention(
