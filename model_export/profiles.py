@@ -169,23 +169,13 @@ _TRANSLATOR = TranslatorRecipe(
         max_len=256,
     ),
     train_pairs=None,
-    # Smaller batches, more steps, the same pairs: more updates pay at this budget. 1,000 steps of
-    # 1,000 tokens read BLEU 28.0 against 22.8 for 500 of 2,000 (chrF 50.2 against 44.3), in the same
-    # time (a 1,000-token step costs 0.52x a 2,000-token one, side by side); 2,000 steps of 500
-    # tokens read 30.6 (chrF 52.5), probes 24.7, 29.6, 31.1 at steps 1,000, 1,500, 2,000, for 1.05x
-    # the time of 1,000 of 1,000 with the fused AdamW (a 500-token step 0.52x a 1,000-token one
-    # with the per-tensor loop, 0.54x fused). Whole split, seed 0; seed 1 (fused AdamW) read 30.4.
+    # small batches, many steps: more updates pay at this budget
     batch_tokens=500,
     label_smoothing=0.1,
-    # With Xavier-initialised projections (layers.init_weights) the decoder learns to use its
-    # source within a few hundred steps; 1,000 steps of 2,000 tokens reached BLEU 31.4, 650 26.4,
-    # but what the hour holds beside the others is 500 of them, or 2,000 of 500 (docs/EXPORT.md).
-    # Averaging the last 100 steps' weights (average_last=100) read BLEU 27.7 against 28.0: off.
     train=TrainSpec(steps=2000, lr=0.001, warmup_steps=200, weight_decay=0.01),
     beam_size=4,
     probe_limit=200,
-    # The 2,000-token step's 0.612 by the side-by-side ratios (1,000 tokens 0.52x, 500 tokens
-    # 0.56x of that, the fused AdamW 0.93x of the loop at 500 tokens).
+    # derived from the 2,000-token step's time
     reference_step_s=0.167,
     reference_other_s=28,
     reference_variants_s=105,
@@ -193,15 +183,12 @@ _TRANSLATOR = TranslatorRecipe(
 
 _BERT_CLASSIFIER = BertHeadRecipe(
     pretraining=_DEFAULT_BERT,
-    # Dropout as the checkpoint was trained, twice the learning rate, and layer-wise decay (each
-    # layer down 0.8x the rate of the one above): at 400 steps 0.881 and 0.874 on the leak-free
-    # split against 0.866 and 0.861 for dropout 0 and one rate (seeds 0 and 1).
+    # dropout as the checkpoint was trained (with twice the rate and layer-wise decay: they pay together)
     dropout=0.1,
     max_len=64,
     train_examples=None,
     batch_size=32,
-    # On the leak-free validation split one 1,500-step run (dropout 0, one rate) read 0.853 at
-    # step 250, 0.861 at 500, 0.877 at 750 and 0.88 from 1,000 on: flat short of 0.90.
+    # its curve is flat past 250 steps, so more steps buy little
     train=TrainSpec(steps=350, lr=2e-4, warmup_steps=30, weight_decay=0.01, layer_decay=0.8),
     reference_step_s=0.254,  # 0.268 with the per-tensor AdamW: fused 0.947x, side by side
     reference_other_s=24,
@@ -220,14 +207,7 @@ _BERT_QA = BertQaRecipe(
     negative_fraction=0.1,
     train_examples=None,
     batch_size=8,
-    # Steep early: one 800-step run read F1 45, 60, 66, 64, 68, 69 (first 300 questions) at
-    # steps 133 to 800; 350 steps gave 51.9 on the whole split. Twice the rate learns faster in the
-    # same 400 steps: F1 58.2 and 58.4 on the whole split (seeds 0 and 1) against 54.5 and 55.1 at
-    # 1e-4, 56.5 at 3e-4 (seed 0); the classifier's recipe (dropout 0.1, layer-wise decay 0.8 at
-    # 2e-4) learned far slower here: F1 32.8 against 59.4 on the probe at step 200 (stopped).
-    # Past the hour (2026-11-26, one run per budget, built alone, seed 0, whole split): F1 58.4,
-    # 60.0, 63.0, 64.1 at 500, 600, 800, 1,000 steps; 600 (the target on its last decimal) would
-    # spend the 3 slow-class minutes the hour has left (docs/EXPORT.md, "Past the hour").
+    # twice the rate learns faster in the steps the hour holds; 600 steps would reach the target
     train=TrainSpec(steps=400, lr=2e-4, warmup_steps=30, weight_decay=0.01),
     probe_limit=150,
     reference_step_s=0.402,  # 0.41 with the per-tensor AdamW: fused 0.981x, side by side
@@ -240,15 +220,9 @@ _BERT_TAGGER = BertHeadRecipe(
     dropout=0.0,
     max_len=128,
     train_examples=None,
-    # Half the sentences a batch, twice the steps: the same sentences in the same time (a
-    # 16-sentence step costs 0.49x a 32-sentence one, side by side), and more updates pay:
-    # entity F1 0.8884 and 0.8926 built alone (seeds 0 and 1) against 0.8789 and 0.8808.
+    # half the sentences a batch, twice the steps: more updates pay
     batch_size=16,
-    # Rare entity types need steps: one 1,200-step run read entity F1 0.838, 0.883, 0.909 at
-    # steps 200, 400, 600 (first 1,000 sentences), flat after; 350 steps gave 0.847. Twice the
-    # rate alone pays, as on QA: 0.8789 and 0.8808 on the whole split (seeds 0 and 1) against
-    # 0.8617 and 0.8673 at 1e-4; 3e-4 0.8797 (seed 0). The classifier's dropout 0.1 and
-    # layer-wise decay 0.8 (at 2e-4) lost: 0.8485 and 0.8465.
+    # rare entity types need steps; twice the rate alone pays, as on QA
     train=TrainSpec(steps=900, lr=2e-4, warmup_steps=30, weight_decay=0.01),
     probe_limit=500,
     reference_step_s=0.171,  # the 32-sentence step's 0.375 by the side-by-side ratios (0.49x; fused AdamW 0.93x)
@@ -265,21 +239,14 @@ _BERT_EMBEDDER = BertEmbedderRecipe(
 )
 
 _GPT = GptRecipe(
-    # Several epochs of Tiny Shakespeare in the budget: without dropout the validation loss
-    # stalls while the training loss keeps falling. 192 wide, not 256: at the same compute the
-    # smaller model sees more text and ends lower (2.47 vs 2.58 bits per character).
+    # dropout: several epochs fit the budget; 192 wide: at the same compute it sees more text
     model=GPTConfig(
         vocab_size=2048, d_model=192, num_layers=4, num_heads=4, d_ff=768, max_len=256, dropout=0.1
     ),
     seq_len=256,  # the whole served context: every learned position is trained
     train_chars=None,
-    # Half the rows, twice the steps, the same characters in the same time (a 4-row step costs
-    # 0.51x an 8-row one, side by side): more updates pay at this budget, 2.63 against 2.73 bits
-    # per character on the whole split (seed 0).
+    # half the rows, twice the steps: more updates pay at this budget
     batch_size=4,
-    # Flattening: one 850-step run (8 rows) read 2.86, 2.66, 2.59, 2.53, 2.50, 2.48 bits per
-    # character (first 30,000 validation characters) at steps 142 to 850, a second a step on the
-    # slow class; 256 wide 2.72 against 2.78 at 300 steps for 1.34x the time.
     train=TrainSpec(steps=700, lr=0.002, warmup_steps=50, weight_decay=0.1),
     probe_limit=20_000,
     reference_step_s=0.186,  # the 8-row step's 0.368 by the side-by-side ratios (0.51x; fused AdamW 0.987x)
@@ -291,13 +258,10 @@ _VIT = VitRecipe(
     model=ViTConfig(patch_size=7, d_model=128, num_layers=4, num_heads=4, d_ff=256, dropout=0.0),
     train_examples=None,
     batch_size=128,
-    # A few epochs only: mirrored images and label smoothing slowed learning more than they
-    # regularised (0.873 with both, 0.883 without, at 1,500 steps).
+    # a few epochs only: augmentation slows learning more than it regularises
     hflip=False,
     crop_padding=0,
     label_smoothing=0.0,
-    # 1,200 steps read 0.802, 0.842, 0.859, 0.877 at steps 300 to 1,200 (2,200 gave 0.889);
-    # random crops of 2 pixels' padding cost more than they gave at this budget (0.842 at 1,200).
     train=TrainSpec(steps=900, lr=2e-3, warmup_steps=100, weight_decay=0.05),
     reference_step_s=0.079,  # 0.082 with the per-tensor AdamW: fused 0.966x, side by side
     reference_other_s=9,
