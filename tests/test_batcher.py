@@ -223,6 +223,35 @@ def test_full_queue_rejects_at_once_with_retry_after() -> None:
     assert observer.rejects == ["queue_full"]
 
 
+def test_a_permit_holds_a_requests_places_from_before_its_preprocessing() -> None:
+    """One admission a request: its places are taken at once (reserve), count against the queue while it
+    tokenises, and its items are then queued on them with no check of their own; unused ones go back."""
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        with batcher.reserve(3) as permit:  # a request of three items, before its preprocessing
+            with pytest.raises(QueueFullError):  # its places are taken: another request is refused
+                batcher.reserve(2)
+            with pytest.raises(QueueFullError):
+                await batcher.submit(("no permit", 1), 1)
+            assert observer.rejects == ["queue_full", "queue_full"]
+            tasks = [asyncio.create_task(batcher.submit((f"p{n}", 1), 1, permit)) for n in range(2)]
+            await settle()
+            assert batcher.waiting == 2 and permit.count == 1  # queued on the permit, no new refusal
+            assert observer.rejects == ["queue_full", "queue_full"]
+        # the third place was never used: it went back with the permit
+        late = asyncio.create_task(batcher.submit(("after", 1), 1))
+        await settle()
+        assert batcher.waiting == 3 and observer.rejects == ["queue_full", "queue_full"]
+        model.gate.set()
+        await asyncio.gather(first, late, *tasks)
+
+    run(model, policy(max_queue_size=3), body, observer)
+    assert sorted(model.seen()) == ["after", "first", "p0", "p1"]
+
+
 def test_entry_waiting_past_queue_timeout_fails() -> None:
     model = FakeModel(gated=True)
     observer = RecordingObserver()

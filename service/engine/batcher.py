@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from .errors import BatcherClosedError, EngineError, InferenceError, QueueFullError, QueueTimeoutError
-from .worker import ModelWorker, with_defaults
+from .worker import ModelWorker, Permit, with_defaults
 
 __all__ = [
     "BatchPolicy",
@@ -171,15 +171,18 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         """Entries waiting in the queue (not counting the batch being computed)."""
         return len(self._queue)
 
-    async def submit(self, item: In, cost: int) -> Out:
+    async def submit(self, item: In, cost: int, permit: Permit | None = None) -> Out:
         """Queue ``item`` (``cost`` = its token length) and wait for its result.
 
-        Never blocks on a full queue: raises ``QueueFullError`` at once. If the caller is
-        cancelled while the entry still waits, the entry is removed and never reaches
-        the model.
+        Never blocks on a full queue: raises ``QueueFullError`` at once, unless a ``permit`` holds the
+        item's place. If the caller is cancelled while the entry still waits, the entry is removed and
+        never reaches the model.
         """
         self.check_open()
-        self.admit(1)
+        if permit is None:
+            self.admit(1)
+        else:
+            permit.use()
         loop = asyncio.get_running_loop()
         entry: _Entry[In, Out] = _Entry(item, cost, loop.create_future(), time.monotonic())
         entry.timer = loop.call_later(self.policy.queue_timeout_s, self._expire, entry)

@@ -45,7 +45,7 @@ from .kv_cache import KVCache
 from .manifest import required
 from .repository import LoadedModel
 from .running_batch import RunningBatch, SequenceState
-from .worker import ModelWorker, with_defaults
+from .worker import ModelWorker, Permit, with_defaults
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,19 @@ class GenerationEngine(ModelWorker):
 
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) -----------------------
 
-    def submit(self, request: GenerationRequest) -> GenerationStream:
+    def submit(self, request: GenerationRequest, permit: Permit | None = None) -> GenerationStream:
         """Queue a request and return its stream at once; never waits for room.
 
         Raises BatcherClosedError when not running, PromptError for a prompt that
         cannot fit (see ``check_prompt``), and QueueFullError when
-        ``max_queue_size`` requests already wait.
+        ``max_queue_size`` requests already wait (unless ``permit`` holds the place).
         """
         self.check_open()
         self.check_prompt(request.prompt_ids)
-        self.admit(1)
+        if permit is None:
+            self.admit(1)
+        else:
+            permit.use()  # the request's places were taken at once, before its prompts were tokenised
         stream = GenerationStream(request, self.name, self._on_stream_cancel)
         seq = SequenceState(
             request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode

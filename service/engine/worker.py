@@ -2,7 +2,7 @@
 
 ``DynamicBatcher`` (encoders, the translator) and ``GenerationEngine`` (GPT)
 differ in what they queue and how they turn the queue into model calls; they
-start, admit, refuse, estimate Retry-After and stop the same way, here. Every
+start, admit (a request's ``Permit``, taken once), refuse, estimate Retry-After and stop the same way, here. Every
 model call runs in the worker's own single-thread executor, so one model never
 runs two calls at once and the event loop stays free while ONNX Runtime works.
 """
@@ -37,6 +37,41 @@ def with_defaults(observer: object | None, null: type[H]) -> H:
     return hooks
 
 
+class Permit:
+    """Places a request holds in a model's queue, from before its preprocessing until its items are queued.
+
+    Taken once, for all the request's items (``ModelWorker.reserve``): a full queue refuses the request
+    before tokenization or decoding is paid for, and the items it covers are then queued with no check
+    of their own (``submit(..., permit)``), all of them or none. A context manager: on exit, the places
+    it did not use go back.
+    """
+
+    def __init__(self, worker: ModelWorker, count: int) -> None:
+        self._worker = worker
+        self.count = count
+
+    def use(self) -> None:
+        """One item of the request is queued: its place is the queue's now, no longer the permit's."""
+        assert self.count > 0, "every item the permit covers is already queued"
+        self.count -= 1
+        self._worker._reserved -= 1
+
+    def extend(self, count: int) -> None:
+        """``count`` places more, checked like the first (a question that became several windows)."""
+        self._worker._take(count)
+        self.count += count
+
+    def release(self) -> None:
+        self._worker._reserved -= self.count
+        self.count = 0
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class ModelWorker(ABC):
     """Start, admission, Retry-After and stop of one model's engine; subclasses supply the loop.
 
@@ -61,6 +96,7 @@ class ModelWorker(ABC):
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self._avg_unit_s = 0.0
+        self._reserved = 0  # places held by permits whose items are not queued yet
 
     @property
     @abstractmethod
@@ -98,12 +134,21 @@ class ModelWorker(ABC):
     def admit(self, count: int) -> None:
         """Raise QueueFullError (and count the refusal) unless ``count`` more items fit the queue now.
 
-        For callers that queue several items at once and want all of them or none.
-        A closed worker is left to ``check_open`` at submission, which says so.
+        The check of an item queued without a permit. A closed worker is left to ``check_open`` at
+        submission, which says so.
         """
-        if self.accepting and self.waiting + count > self.max_queue_size:
+        if self.accepting and self.waiting + self._reserved + count > self.max_queue_size:
             self._on_reject("queue_full")
             raise QueueFullError(self.name, self.waiting, self.retry_after_s())
+
+    def reserve(self, count: int) -> Permit:
+        """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
+        self._take(count)
+        return Permit(self, count)
+
+    def _take(self, count: int) -> None:
+        self.admit(count)
+        self._reserved += count
 
     def retry_after_s(self) -> int:
         """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""

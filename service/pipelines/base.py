@@ -1,8 +1,9 @@
 """The part every batched pipeline shares: one DynamicBatcher per model, all-or-nothing admission, await.
 
 This is TEI's ``infer`` step: a request's items are admitted together or not
-at all (a request never half-enters a queue), each item is queued with its
-token cost, and the caller awaits all of them. If the caller goes away
+at all (a request never half-enters a queue), once: a ``Permit`` for all of
+them is taken before their preprocessing and each item queued on it, with
+its token cost; the caller awaits all of them. If the caller goes away
 (its task is cancelled, e.g. the client disconnected), every item still
 waiting is dropped before it reaches the model.
 """
@@ -10,6 +11,7 @@ waiting is dropped before it reaches the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -19,6 +21,7 @@ import numpy as np
 from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
+from service.engine.worker import Permit
 
 from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
 from .text_inputs import feeds_for, pad_batch
@@ -76,24 +79,29 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)
 
-    async def infer(self, items: Sequence[Item], costs: Sequence[int]) -> list[Out]:
+    async def infer(
+        self, items: Sequence[Item], costs: Sequence[int], permit: Permit | None = None
+    ) -> list[Out]:
         """Queue every item (cost = its token length) and wait for all results, in order.
 
-        Raises ``QueueFullError`` at once when the queue cannot take all items; if one
-        item fails, the others are withdrawn and the error propagates.
+        ``permit``: the places the request took before its preprocessing (``batcher.reserve``), one per
+        item; without one, they are taken here. Raises ``QueueFullError`` at once when the queue cannot
+        take all items; if one item fails, the others are withdrawn and the error propagates.
         """
-        self.batcher.admit(len(items))
-        tasks = [
-            asyncio.ensure_future(self.batcher.submit(item, cost))
-            for item, cost in zip(items, costs, strict=True)
-        ]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:  # on failure or cancellation: withdraw what is still queued
-                if not task.done():
-                    task.cancel()
-            del tasks  # a failed task holds the error whose traceback holds this frame: break the cycle
+        with (
+            contextlib.nullcontext(permit) if permit is not None else self.batcher.reserve(len(items)) as held
+        ):
+            tasks = [
+                asyncio.ensure_future(self.batcher.submit(item, cost, held))
+                for item, cost in zip(items, costs, strict=True)
+            ]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:
+                for task in tasks:  # on failure or cancellation: withdraw what is still queued
+                    if not task.done():
+                        task.cancel()
+                del tasks  # a failed task holds the error whose traceback holds this frame: break the cycle
 
 
 class TextEncoderPipeline(BatchedPipeline[Item, Out]):

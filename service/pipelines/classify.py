@@ -50,9 +50,11 @@ class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
         ]
 
     async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
-        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-        probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
+        with self.batcher.reserve(
+            len(texts)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
+            probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
         results = [
             top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
         ]
@@ -128,10 +130,10 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
 
     async def classify(self, images: Sequence[bytes], top_k: int) -> Outcome[Classification]:
         """An undecodable image is reported by its index among ``images``."""
-        self.batcher.admit(len(images))  # a full queue refuses before decoding is paid for
-        # Always in a thread: a few compressed bytes may still decode to MAX_IMAGE_PIXELS pixels.
-        decoded = await asyncio.to_thread(self.decode, images)
-        probs = await self.infer(decoded, [self.cost] * len(decoded))
+        with self.batcher.reserve(len(images)) as permit:  # a full queue refuses before decoding is paid for
+            # Always in a thread: a few compressed bytes may still decode to MAX_IMAGE_PIXELS pixels.
+            decoded = await asyncio.to_thread(self.decode, images)
+            probs = await self.infer(decoded, [self.cost] * len(decoded), permit)
         results = [top_labels(p, self.labels, top_k) for p in probs]
         return Outcome(self.name, self.model.version, results, Usage(input_tokens=self.cost * len(decoded)))
 

@@ -53,9 +53,11 @@ class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
         ]
 
     async def embed(self, texts: Sequence[str], normalize: bool) -> Outcome[Embedding]:
-        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-        vectors = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded])
+        with self.batcher.reserve(
+            len(texts)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
+            vectors = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
         results = [
             Embedding((v.normalized if normalize else v.pooled).tolist(), e.truncated)
             for v, e in zip(vectors, encoded, strict=True)

@@ -75,11 +75,13 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
 
     async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
         """``pairs`` are (question, context); offsets in the answers index into each context."""
-        self.batcher.admit(len(pairs))  # a full queue refuses before tokenisation is paid for
-        windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
-        self._check_tokens(windows)
-        costs = [len(w) * max(map(len, w)) for w in windows]
-        spans = await self.infer(windows, costs)
+        with self.batcher.reserve(
+            len(pairs)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
+            self._check_tokens(windows)
+            costs = [len(w) * max(map(len, w)) for w in windows]
+            spans = await self.infer(windows, costs, permit)
         results = []
         for (_, context), span, item in zip(pairs, spans, windows, strict=True):
             if span is None:
@@ -180,9 +182,11 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
         return Entities(found, tagged.truncated)
 
     async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
-        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
-        logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged])
+        with self.batcher.reserve(
+            len(texts)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
+            logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged], permit)
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
 

@@ -20,6 +20,7 @@ from service.engine.generation_contract import GenerationRequest, GenerationResu
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
+from service.engine.worker import Permit
 from service.errors import InvalidInputError
 
 from .base import ModelPipeline
@@ -79,34 +80,36 @@ class Generator(ModelPipeline):
             encoded.append(ids)
         return encoded
 
-    def _submit(self, ids: list[int], params: SamplingParams, request_id: str) -> GenerationStream:
-        return self.engine.submit(GenerationRequest(ids, params, request_id))
+    def _submit(
+        self, ids: list[int], params: SamplingParams, request_id: str, permit: Permit
+    ) -> GenerationStream:
+        return self.engine.submit(GenerationRequest(ids, params, request_id), permit)
 
     async def generate(
         self, prompts: Sequence[str], params: SamplingParams, request_id: str = ""
     ) -> Outcome[Generation]:
         """All prompts decode concurrently in the engine's running batch; results in prompt order."""
-        self.engine.admit(len(prompts))  # a full queue refuses before tokenisation is paid for
-        encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
-        self.engine.admit(len(prompts))  # all prompts or none: no await between here and the submits
-        streams: list[GenerationStream] = []
-        try:
-            for ids in encoded:
-                streams.append(self._submit(ids, params, request_id))
-            finished = await asyncio.gather(*(s.result() for s in streams))
-        except BaseException:  # a rejected prompt, or the caller went away: stop the others too
-            for stream in streams:
-                stream.cancel()
-            raise
+        with self.engine.reserve(
+            len(prompts)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
+            streams: list[GenerationStream] = []
+            try:
+                for ids in encoded:
+                    streams.append(self._submit(ids, params, request_id, permit))
+                finished = await asyncio.gather(*(s.result() for s in streams))
+            except BaseException:  # a rejected prompt, or the caller went away: stop the others too
+                for stream in streams:
+                    stream.cancel()
+                raise
         results = [generation_of(r) for r in finished]
         return Outcome(self.name, self.model.version, results, Usage.of_generations(results))
 
     async def open_stream(self, prompt: str, params: SamplingParams, request_id: str = "") -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
-        self.engine.admit(1)
-        (ids,) = await preprocess(len(prompt), self.encode, [prompt])
-        self.engine.admit(1)
-        return OpenStream(self._submit(ids, params, request_id), len(ids))
+        with self.engine.reserve(1) as permit:
+            (ids,) = await preprocess(len(prompt), self.encode, [prompt])
+            return OpenStream(self._submit(ids, params, request_id, permit), len(ids))
 
     async def warmup(self) -> None:
         await self.generate(["warm"], SamplingParams(max_new_tokens=2, temperature=0.0))

@@ -138,10 +138,12 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
         return TranslationSequence(text, float(h.score), finish, len(h.tokens), [int(t) for t in h.tokens])
 
     async def translate(self, texts: Sequence[str], params: DecodingParams) -> Outcome[Translation]:
-        self.batcher.admit(len(texts))  # a full queue refuses before tokenisation is paid for
-        prepared = await preprocess(sum(map(len, texts)), self.prepare, texts, params)
-        items = [item for item, _ in prepared]
-        outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items])
+        with self.batcher.reserve(
+            len(texts)
+        ) as permit:  # a full queue refuses before tokenisation is paid for
+            prepared = await preprocess(sum(map(len, texts)), self.prepare, texts, params)
+            items = [item for item, _ in prepared]
+            outputs = await self.infer(items, [len(item.ids) * item.beam_size for item in items], permit)
         results = [
             Translation([self._sequence(h) for h in hyps], truncated)
             for hyps, (_, truncated) in zip(outputs, prepared, strict=True)
