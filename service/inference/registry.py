@@ -9,20 +9,13 @@ from service.context import note_model
 from service.engine.repository import without_paths
 from service.errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
 from service.pipelines.base import ModelPipeline
+from service.pipelines.factory import PIPELINES
 
 P = TypeVar("P", bound=ModelPipeline)
 
-# The model a request without `model` gets, per task; when that one is not loaded,
-# the first loaded model (by name) with the task serves as the default.
-PREFERRED_DEFAULTS = {
-    "translation": "translator",
-    "text-classification": "bert-classifier",
-    "image-classification": "vit",
-    "text-generation": "gpt",
-    "question-answering": "bert-qa",
-    "token-classification": "bert-tagger",
-    "feature-extraction": "bert-embedder",
-}
+# The model a request without `model` gets, per task (each pipeline declares it); when that one is not
+# loaded, the first loaded model (by name) with the task serves as the default.
+PREFERRED_DEFAULTS = {task: pipeline.default_model for task, pipeline in PIPELINES.items()}
 
 
 class ModelRegistry:

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -22,6 +23,8 @@ from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.worker import Permit
+from service.metrics import Metrics
+from service.settings import Settings
 
 from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
 from .text_inputs import feeds_for, pad_batch
@@ -30,10 +33,44 @@ Item = TypeVar("Item")
 Out = TypeVar("Out")
 
 
+@dataclass(frozen=True)
+class Building:
+    """What a pipeline is built from besides its model: the settings, and the metrics to observe it with."""
+
+    settings: Settings
+    metrics: Metrics | None = None
+
+    def policy(self) -> BatchPolicy:
+        s = self.settings
+        return BatchPolicy(
+            max_batch_size=s.max_batch_size,
+            max_batch_tokens=s.max_batch_tokens,
+            max_queue_delay_ms=s.max_queue_delay_ms,
+            max_queue_size=s.max_queue_size,
+            queue_timeout_s=s.queue_timeout_s,
+            split_ratio=s.batch_split_ratio,
+            split_min_tokens=s.batch_split_min_tokens,
+        )
+
+    def batcher_observer(self, name: str) -> BatcherObserver | None:
+        return self.metrics.batcher_observer(name) if self.metrics is not None else None
+
+
 class ModelPipeline(ABC):
-    """One served model: its task-specific pre/post-processing and the engine that runs it."""
+    """One served model: its task-specific pre/post-processing and the engine that runs it.
+
+    Each pipeline declares its task once: ``task`` (the manifest's), ``default_model`` (the model a
+    request that names none gets, when loaded) and ``build`` (the pipeline for a loaded model, from the
+    settings); the factory and the registry read them (``factory.PIPELINES``).
+    """
 
     task: str
+    default_model: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def build(cls, model: LoadedModel, building: Building) -> ModelPipeline:
+        """The pipeline for ``model``, configured from ``building``'s settings."""
 
     def __init__(self, model: LoadedModel) -> None:
         assert model.task == self.task, f"{type(self).__name__} serves {self.task}, not {model.task}"

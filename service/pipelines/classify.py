@@ -16,7 +16,7 @@ from service.engine.sampling import softmax
 from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
-from .base import BatchedPipeline, TextEncoderPipeline
+from .base import BatchedPipeline, Building, TextEncoderPipeline
 from .image_inputs import ImageDecodeError, image_pixels, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
@@ -33,6 +33,11 @@ class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
     """Text -> label probabilities. Texts longer than the model's window are cut to it (``truncated``)."""
 
     task = "text-classification"
+    default_model = "bert-classifier"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> TextClassifier:
+        return cls(model, building.policy(), building.batcher_observer(model.name))
 
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
@@ -75,6 +80,18 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
     """Image bytes (PNG/JPEG, any size and mode) -> label probabilities, preprocessed exactly as in training."""
 
     task = "image-classification"
+    default_model = "vit"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> ImageClassifier:
+        s = building.settings
+        return cls(
+            model,
+            building.policy(),
+            s.max_image_pixels,
+            building.batcher_observer(model.name),
+            max_request_pixels=s.max_request_pixels,
+        )
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
-from .base import TextEncoderPipeline
+from .base import Building, TextEncoderPipeline
 from .results import Embedding, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
 
@@ -33,6 +33,11 @@ class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
     """Text -> embedding. Texts longer than the model's window are cut to it (``truncated``), as in classify."""
 
     task = "feature-extraction"
+    default_model = "bert-embedder"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> SentenceEmbedder:
+        return cls(model, building.policy(), building.batcher_observer(model.name))
 
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None

@@ -23,7 +23,7 @@ from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
-from .base import TextEncoderPipeline
+from .base import Building, TextEncoderPipeline
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
@@ -32,6 +32,16 @@ from .text_inputs import encode_texts, preprocess
 
 class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
     task = "question-answering"
+    default_model = "bert-qa"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> QuestionAnswerer:
+        return cls(
+            model,
+            building.policy(),
+            building.batcher_observer(model.name),
+            max_context_tokens=building.settings.max_context_tokens,
+        )
 
     def __init__(
         self,
@@ -146,6 +156,11 @@ class TaggedText:
 
 class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
     task = "token-classification"
+    default_model = "bert-tagger"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> EntityTagger:
+        return cls(model, building.policy(), building.batcher_observer(model.name))
 
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None

@@ -23,7 +23,7 @@ from service.engine.sampling import SamplingParams
 from service.engine.worker import Permit
 from service.errors import InvalidInputError
 
-from .base import ModelPipeline
+from .base import Building, ModelPipeline
 from .results import Generation, Outcome, Usage
 from .text_inputs import encode_texts, preprocess
 
@@ -54,6 +54,21 @@ class OpenStream:
 
 class Generator(ModelPipeline):
     task = "text-generation"
+    default_model = "gpt"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> Generator:
+        s = building.settings
+        engine = GenerationEngine(
+            model,
+            max_running=s.max_running_sequences,
+            max_queue_size=s.max_queue_size,
+            queue_timeout_s=s.queue_timeout_s,
+            observer=building.metrics.generation_observer(model.name)
+            if building.metrics is not None
+            else None,
+        )
+        return cls(model, engine)
 
     def __init__(self, model: LoadedModel, engine: GenerationEngine) -> None:
         """``engine`` runs ``model``: its queue and decoding loop are set up by the caller (``factory.py``)."""

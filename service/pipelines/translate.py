@@ -26,7 +26,7 @@ from service.engine.seq2seq import Hypothesis, Seq2SeqModel
 from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds, decoded_labels
-from .base import BatchedPipeline
+from .base import BatchedPipeline, Building
 from .results import Outcome, Translation, TranslationSequence, Usage
 from .text_inputs import encode_texts, preprocess, truncate
 
@@ -83,6 +83,13 @@ class SourceItem:
 
 class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
     task = "translation"
+    default_model = "translator"
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> Translator:
+        return cls(
+            model, building.policy(), building.settings.max_new_tokens, building.batcher_observer(model.name)
+        )
 
     def __init__(
         self,
