@@ -111,7 +111,7 @@ case "${1:-}" in
     port=${TORCH_INDEX_PORT:-38417}
     python3 -m http.server --bind 127.0.0.1 --directory "$STATE/torch-index" "$port" >/dev/null 2>&1 &
     server=$!
-    trap 'kill $server 2>/dev/null' EXIT
+    trap 'kill $server 2>/dev/null || true' EXIT  # it may have ended (the port was taken): not a failure
     build runtime "$TAG:$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
       --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
     ;;
