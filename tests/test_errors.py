@@ -157,3 +157,26 @@ def test_a_middleware_answers_in_the_shape_of_the_door_whose_path_it_is() -> Non
     )
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert body["error"]["type"] == "authentication_error" and body["error"]["param"] == "Authorization"
+
+
+def test_one_image_decoder_for_every_door() -> None:
+    """REST's base64 strings and v2's BYTES (JSON strings, or raw bytes over binary and gRPC) meet one
+    decoder, with one size refusal before decoding and one reason for what is not an image's bytes."""
+    import base64
+
+    from service.inference import image_bytes
+
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
+    text = base64.b64encode(png).decode()
+    assert image_bytes("image", text, 10_000) == png
+    assert image_bytes("image", "data:image/png;base64," + text[:40] + "\n" + text[40:], 10_000) == png
+    assert image_bytes("image[0]", png, 10_000) == png  # raw bytes pass as they are
+    assert image_bytes("image[0]", text.encode(), 10_000) == png  # ASCII bytes are base64
+    for value, field, reason in [
+        (text, "images[2]", "too_large"),
+        ("not base64!", "image", "undecodable_image"),
+        ("data:image/png,raw", "image", "undecodable_image"),
+    ]:
+        with pytest.raises(InvalidInputError) as info:
+            image_bytes(field, value, 100)
+        assert (info.value.field, info.value.reason) == (field, reason)

@@ -33,7 +33,7 @@ from service.pipelines.results import (
 )
 from service.pipelines.translate import DecodingParams
 
-from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits
+from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits, image_bytes
 from .models import ServedModel
 from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService
 from .streams import ChoiceDone, GenerationStreams, TokenOut
@@ -75,4 +75,5 @@ __all__ = [
     "Translation",
     "TranslationSequence",
     "Usage",
+    "image_bytes",
 ]

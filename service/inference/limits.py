@@ -9,6 +9,8 @@ each door renames them to its own fields.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -84,3 +86,27 @@ class RequestLimits:
                     "too_large",
                     index,
                 )
+
+
+def image_bytes(field: str, value: str | bytes, max_bytes: int) -> bytes:
+    """An image as a client sent it, as bytes: base64 text (the standard alphabet, line breaks allowed, an
+    optional ``data:image/...;base64,`` prefix), or, as bytes, the image itself unless it is ASCII (then
+    base64: JSON carries bytes as strings). Text that could only decode to over ``max_bytes`` is refused
+    before it is decoded (MAX_IMAGE_BYTES; the decoded size is checked with the other limits)."""
+    if isinstance(value, bytes):
+        if not value.isascii():
+            return value
+        value = value.decode("ascii")
+    if value.startswith("data:"):
+        header, _, value = value.partition(",")
+        if not header.endswith(";base64"):
+            raise InvalidInputError("a data: URL must be base64-encoded", field, "undecodable_image")
+    value = "".join(value.split())
+    if len(value) > 4 * (max_bytes // 3 + 1):
+        raise InvalidInputError(f"image is over {max_bytes} bytes (MAX_IMAGE_BYTES)", field, "too_large")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidInputError(
+            f"image is neither PNG/JPEG bytes nor valid base64: {exc}", field, "undecodable_image"
+        ) from exc

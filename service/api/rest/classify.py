@@ -7,8 +7,6 @@ Content-Type, and separate paths document (and validate) each form clearly.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Annotated
 
 from litestar import Controller, post
@@ -30,22 +28,7 @@ from service.api.rest.schemas.classify import (
     ImageUpload,
 )
 from service.errors import InvalidInputError
-from service.inference import AttentionQuery
-
-
-def decode_base64_image(field: str, value: str, max_bytes: int) -> bytes:
-    """Base64 (standard alphabet, line breaks allowed, optional ``data:image/...;base64,`` prefix) -> bytes."""
-    if value.startswith("data:"):
-        header, _, value = value.partition(",")
-        if not header.endswith(";base64"):
-            raise InvalidInputError("a data: URL must be base64-encoded", field, "undecodable_image")
-    value = "".join(value.split())
-    if len(value) > 4 * (max_bytes // 3 + 1):  # refuse before decoding what could only be too large
-        raise InvalidInputError(f"image is over {max_bytes} bytes (MAX_IMAGE_BYTES)", field, "too_large")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidInputError(f"image is not valid base64: {exc}", field, "undecodable_image") from exc
+from service.inference import AttentionQuery, image_bytes
 
 
 class ClassifyController(Controller):
@@ -65,9 +48,7 @@ class ClassifyController(Controller):
         with data.field_names() as names:
             if data.is_image:
                 images = [
-                    decode_base64_image(
-                        names.field("inputs", i) or "image", value, core.limits.max_image_bytes
-                    )
+                    image_bytes(names.field("inputs", i) or "image", value, core.limits.max_image_bytes)
                     for i, value in enumerate(data.inputs)
                 ]
                 work = core.classify_images(images, data.top_k, data.model, cache, data.attention_query())

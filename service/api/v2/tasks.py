@@ -15,8 +15,6 @@ core's parameter names back to the protocol's (``text[2]``,
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,7 +26,7 @@ from service.api.http.client_json import parse_client_json
 from service.api.http.fields import FieldNames
 from service.api.v2.tensors import Output, Tensor
 from service.errors import InvalidInputError, MalformedBodyError, ModelNotFoundError, ServiceError
-from service.inference import CacheControl, InferenceService, Outcome, ServedModel
+from service.inference import CacheControl, InferenceService, Outcome, ServedModel, image_bytes
 from service.inference.params import decoding_params, sampling_params
 
 # Request parameters every model takes: the binary extension's, the response cache's, and Triton's
@@ -299,22 +297,6 @@ def texts_of(tensor: Tensor) -> list[str]:
     return out
 
 
-def image_of(field_name: str, raw: bytes, max_bytes: int) -> bytes:
-    """The image's bytes: as sent, or base64-decoded when the element is ASCII (JSON BYTES are strings)."""
-    if raw.isascii():
-        if len(raw) > 4 * (max_bytes // 3 + 1):
-            raise InvalidInputError(
-                f"image is over {max_bytes} bytes (MAX_IMAGE_BYTES)", field_name, "too_large"
-            )
-        try:
-            return base64.b64decode(b"".join(raw.split()), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidInputError(
-                f"image is neither PNG/JPEG bytes nor base64: {exc}", field_name, "undecodable_image"
-            ) from exc
-    return raw
-
-
 def _bytes(values: Sequence[str]) -> list[bytes]:
     return [v.encode("utf-8") for v in values]
 
@@ -347,7 +329,7 @@ async def _classify_images(
     check_parameters(model.name, parameters, {})
     tensor = inputs["image"]
     max_bytes = call.core.limits.max_image_bytes
-    images = [image_of(f"image[{i}]", bytes(raw), max_bytes) for i, raw in enumerate(tensor.values)]
+    images = [image_bytes(f"image[{i}]", bytes(raw), max_bytes) for i, raw in enumerate(tensor.values)]
     with field_names("image"):
         outcome = await call.core.classify_images(images, None, model.name, call.cache)
     return outcome, _classification_outputs(outcome, model.labels)
