@@ -417,3 +417,29 @@ def test_a_step_past_its_limit_takes_its_children_with_it(tmp_path: Path) -> Non
     else:
         pytest.fail(f"the step's child {child} outlived it")
     assert json.loads((tmp_path / "summary.json").read_text())["steps"]["providers"]["exit"] == 124
+
+
+def test_node_placement_is_read_from_onnx_runtime_s_verbose_log() -> None:
+    """Both ways ONNX Runtime may print a partial placement: node lines behind the log's prefix, or bare."""
+    placement = _script("placement")
+    prefix = "2026-11-27 02:55:08.123 [V:onnxruntime:, session_state.cc:1169 VerifyEachNodeIsAssignedToAnEp]"
+    log = "\n".join(
+        [
+            "=== /m/model.fp16.onnx",
+            f"{prefix} Node placements",
+            f"{prefix}  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 159",
+            f"{prefix}  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 3",
+            f"{prefix}   Shape (/bert/Shape)",
+            f"{prefix}   Gather (/bert/Gather_1)",
+            "  Shape (/bert/Shape_2)",
+            f"{prefix} Something else entirely (not a node)",
+            "=== /m/vit.onnx",
+            f"{prefix}  All nodes placed on [CUDAExecutionProvider]. Number of nodes: 54",
+        ]
+    )
+    found = placement.parse(log)
+    fp16 = found["/m/model.fp16.onnx"]
+    assert fp16["nodes"] == {"CUDAExecutionProvider": 159, "CPUExecutionProvider": 3}
+    assert fp16["cpu_ops"] == {"Shape": 2, "Gather": 1}
+    assert fp16["cpu_raw"][0] == "Shape (/bert/Shape)"
+    assert found["/m/vit.onnx"] == {"nodes": {"CUDAExecutionProvider": 54}, "cpu_ops": {}, "cpu_raw": []}

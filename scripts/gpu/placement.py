@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
 import sys, onnxruntime as ort
@@ -29,34 +30,51 @@ for path in sys.argv[1:]:
 """
 MARK = "=== "
 PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
-NODE = re.compile(r"^\s+(\w+) \(")
+NODE = re.compile(r"^\s+(\S+) \(")  # "  Shape (/bert/Shape)": a node's op type and name
+LOG_PREFIX = re.compile(
+    r"^\S+ \S+ \[\w:onnxruntime:[^\]]*\] ?"
+)  # "2026-11-27 02:55:08.1 [V:onnxruntime:, x.cc:1 F] "
+RAW_KEPT = 60  # the CPU provider's placement lines kept as they are, whatever their format
 
 
-def placements(paths: list[Path]) -> dict[str, dict[str, object]]:
-    """Per graph file: nodes per provider and the op types on CPU (one child process, CUDA set up once)."""
-    args = [sys.executable, "-c", CHILD, *map(str, paths)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    found: dict[str, dict[str, object]] = {}
-    current: dict[str, object] | None = None
+def parse(log: str) -> dict[str, dict[str, Any]]:
+    """Per ``=== path`` section of a verbose log: nodes per provider, the op types on CPU, and the CPU lines raw.
+
+    ONNX Runtime writes the placement as a header per provider and, for a provider without every node,
+    a line per node (op type, then its name in parentheses), each behind the log's own prefix or as
+    the continuation of the header's line.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
     provider = None
-    for line in proc.stderr.splitlines():
+    for line in log.splitlines():
         if line.startswith(MARK):
-            current = found.setdefault(line[len(MARK) :], {"nodes": {}, "cpu_ops": {}})
+            current = found.setdefault(line[len(MARK) :], {"nodes": {}, "cpu_ops": {}, "cpu_raw": []})
+            provider = None
             continue
         if current is None:
             continue
-        nodes, cpu_ops = current["nodes"], current["cpu_ops"]
-        assert isinstance(nodes, dict) and isinstance(cpu_ops, dict)
-        match = PLACED.search(line)
+        body = LOG_PREFIX.sub("", line)
+        match = PLACED.search(body)
         if match:
             provider = match.group(2)
-            nodes[provider] = nodes.get(provider, 0) + int(match.group(3))
+            current["nodes"][provider] = current["nodes"].get(provider, 0) + int(match.group(3))
             continue
-        node = NODE.match(line)
+        node = NODE.match(body)
         if node and provider == "CPUExecutionProvider":
-            cpu_ops[node.group(1)] = cpu_ops.get(node.group(1), 0) + 1
-        elif line.strip() and not line.startswith((" ", "\t")):
+            current["cpu_ops"][node.group(1)] = current["cpu_ops"].get(node.group(1), 0) + 1
+            if len(current["cpu_raw"]) < RAW_KEPT:
+                current["cpu_raw"].append(body.strip())
+        elif body.strip():
             provider = None
+    return found
+
+
+def placements(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """Per graph file: nodes per provider and the op types on CPU (one child process, CUDA set up once)."""
+    args = [sys.executable, "-c", CHILD, *map(str, paths)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    found = parse(proc.stderr)
     if proc.returncode != 0 or not found:
         found["error"] = {"exit": proc.returncode, "log_tail": proc.stderr.splitlines()[-20:]}
     return found
