@@ -39,8 +39,8 @@ from model_export.recipes.bert import graphs, prepare_embedder
 from model_export.recipes.common import BuildContext
 from service.engine.repository import LoadedModel, load_model
 from service.engine.runtime import RuntimeOptions
+from service.pipelines.base import Building
 from service.pipelines.embed import SentenceEmbedder
-from service.pipelines.factory import batch_policy
 from service.settings import Settings
 
 CPU = RuntimeOptions(device="cpu")
@@ -103,7 +103,7 @@ def reference_embeddings(checkpoint: Path, texts: list[str]) -> np.ndarray:
 
 
 def embedder(model: LoadedModel) -> SentenceEmbedder:
-    return SentenceEmbedder(model, batch_policy(Settings()))
+    return SentenceEmbedder(model, Building(Settings()).policy())
 
 
 def embed_now(pipeline: SentenceEmbedder, texts: list[str], normalize: bool = True) -> np.ndarray:

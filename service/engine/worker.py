@@ -56,11 +56,6 @@ class Permit:
         self.count -= 1
         self._worker._reserved -= 1
 
-    def extend(self, count: int) -> None:
-        """``count`` places more, checked like the first (a question that became several windows)."""
-        self._worker._take(count)
-        self.count += count
-
     def release(self) -> None:
         self._worker._reserved -= self.count
         self.count = 0
@@ -143,12 +138,9 @@ class ModelWorker(ABC):
 
     def reserve(self, count: int) -> Permit:
         """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
-        self._take(count)
-        return Permit(self, count)
-
-    def _take(self, count: int) -> None:
         self.admit(count)
         self._reserved += count
+        return Permit(self, count)
 
     def retry_after_s(self) -> int:
         """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""

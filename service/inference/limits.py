@@ -93,6 +93,7 @@ def image_bytes(field: str, value: str | bytes, max_bytes: int) -> bytes:
     optional ``data:image/...;base64,`` prefix), or, as bytes, the image itself unless it is ASCII (then
     base64: JSON carries bytes as strings). Text that could only decode to over ``max_bytes`` is refused
     before it is decoded (MAX_IMAGE_BYTES; the decoded size is checked with the other limits)."""
+    as_bytes = isinstance(value, bytes)
     if isinstance(value, bytes):
         if not value.isascii():
             return value
@@ -107,6 +108,5 @@ def image_bytes(field: str, value: str | bytes, max_bytes: int) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidInputError(
-            f"image is neither PNG/JPEG bytes nor valid base64: {exc}", field, "undecodable_image"
-        ) from exc
+        what = "neither PNG/JPEG bytes nor base64" if as_bytes else "not valid base64"
+        raise InvalidInputError(f"image is {what}: {exc}", field, "undecodable_image") from exc

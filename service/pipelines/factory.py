@@ -3,7 +3,6 @@ and how it is built from the settings, ``base.ModelPipeline``)."""
 
 from __future__ import annotations
 
-from service.engine.batcher import BatchPolicy
 from service.engine.repository import LoadedModel
 from service.metrics import Metrics
 from service.settings import Settings
@@ -28,10 +27,6 @@ PIPELINES: dict[str, type[ModelPipeline]] = {
         Generator,
     )
 }
-
-
-def batch_policy(settings: Settings) -> BatchPolicy:
-    return Building(settings).policy()
 
 
 def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | None = None) -> ModelPipeline:

@@ -9,6 +9,7 @@ every field listed; a 500 is a bug, logged with its traceback.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from pydantic import ValidationError as PydanticValidationError
 from service.api.http.error_body import ErrorBody, error_body
 from service.api.http.request_id import request_id_of
 from service.errors import FieldProblem, Problem, describe_status, problem_of
+
+log = logging.getLogger(__name__)
 
 # A door's rendering of a problem as the answer to a request.
 Render = Callable[[Request[Any, Any, Any], Problem], Response[Any]]
@@ -96,7 +99,7 @@ def _http(exc: HTTPException) -> Problem:
     if status == 413:
         message = "request body is over the size limit (MAX_BODY_BYTES)"
     if status >= 500:
-        problem_of(exc, f"HTTP {status}")  # logged
+        log.error("HTTP %s: %s", status, message)
     headers = tuple((exc.headers or {}).items())
     return Problem(kind, message, status_override=status, headers=headers)
 
