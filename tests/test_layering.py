@@ -2,8 +2,8 @@
 
 ``lint-imports`` (import-linter, ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``)
 checks four contracts: the engine imports nothing above it, the doors reach the engine and the
-pipelines only through the inference core, the shared HTTP layer imports no door, and no door imports
-a sibling. Here it runs on a copy of ``service/`` with one import added that breaks each rule.
+pipelines only through the inference core, the shared layers (HTTP, the Open Inference Protocol)
+import no door, and no door imports a sibling: the gRPC door and the v2 HTTP door share ``api/oip``. Here it runs on a copy of ``service/`` with one import added that breaks each rule.
 """
 
 from __future__ import annotations
@@ -56,8 +56,14 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         (
             "service/api/http/sneak.py",
             "import service.api.rest.envelope",
-            "The shared HTTP layer imports no door",
+            "The shared layers (HTTP, the Open Inference Protocol) import no door",
         ),
+        (
+            "service/api/oip/sneak.py",
+            "import service.api.v2.routes",
+            "The shared layers (HTTP, the Open Inference Protocol) import no door",
+        ),
+        ("service/api/grpc/sneak.py", "import service.api.v2.tensors", "No door imports a sibling door"),
         ("service/api/openai/sneak.py", "import service.api.v2.schemas", "No door imports a sibling door"),
     ],
 )

@@ -27,8 +27,9 @@ from PIL import Image
 from servers import LiveServer
 from tritonclient.utils import InferenceServerException
 
-from service.api.v2.tasks import NotOnV2Error, signature
+from service.api.oip.tasks import NotOnV2Error, signature
 from service.app import create_app
+from service.inference import TaskContract
 from service.settings import Settings
 
 MODELS = {"translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"}
@@ -446,9 +447,13 @@ def test_full_queue_is_429_with_retry_after(tiny_models: Path) -> None:
 
 
 def test_a_task_without_v2_tensors_is_a_404() -> None:
-    """A model of a task this door has no tensors for (a new task) is not there for v2 clients: 404, not 500."""
+    """A model whose task's contract declares no tensors (a new task) is not there for v2 clients: 404, not 500."""
     model = SimpleNamespace(
-        name="new-model", task="some-new-task", labels=[], manifest=SimpleNamespace(labels=None)
+        name="new-model",
+        task="some-new-task",
+        labels=[],
+        manifest=SimpleNamespace(labels=None),
+        contract=TaskContract("some-new-task", "new-model", (), ()),
     )
     with pytest.raises(NotOnV2Error, match="some-new-task"):
         signature(model)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's tensor codec (service/api/v2/tensors.py): round trips, tritonclient's own
+"""The Open Inference Protocol's tensor codec (service/api/oip/tensors.py and its HTTP form, service/api/v2/tensors.py): round trips, tritonclient's own
 encoding both ways, and every malformed body answered as a 400 naming the input (never a 5xx)."""
 
 from __future__ import annotations
@@ -16,17 +16,8 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from tritonclient.http import InferResult
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from service.api.v2.tensors import (
-    Output,
-    decode_binary,
-    decode_json,
-    decompress,
-    encode_binary,
-    encode_bytes_elements,
-    encode_response,
-    read_inputs,
-    split_body,
-)
+from service.api.oip.tensors import Output, decode_binary, encode_binary, encode_bytes_elements
+from service.api.v2.tensors import decode_json, decompress, encode_response, read_inputs, split_body
 from service.errors import MalformedBodyError
 
 

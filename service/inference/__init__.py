@@ -17,6 +17,7 @@ from service.engine.generation_contract import GenerationCancelledError, TokenEv
 from service.engine.manifest import Manifest
 from service.engine.sampling import SamplingParams, TokenLogprob
 from service.pipelines.attention import AttentionQuery
+from service.pipelines.contract import Parameter, TaskContract, TensorSpec
 from service.pipelines.results import (
     Answer,
     AttentionMap,
@@ -64,11 +65,14 @@ __all__ = [
     "LabelScore",
     "Manifest",
     "Outcome",
+    "Parameter",
     "QueueFullError",
     "QueueTimeoutError",
     "RequestLimits",
     "SamplingParams",
     "ServedModel",
+    "TaskContract",
+    "TensorSpec",
     "TokenEvent",
     "TokenLogprob",
     "TokenOut",

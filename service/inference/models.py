@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from service.engine.manifest import Manifest
 from service.engine.repository import LoadedModel
 from service.pipelines.base import ModelPipeline
+from service.pipelines.contract import TaskContract
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,20 @@ class ServedModel:
     manifest: Manifest
     loaded: LoadedModel  # read-only: provider, variant, in-place KV cache, folder
     default_for: tuple[str, ...]  # the tasks a request without `model` sends here
+    contract: TaskContract  # its task's inputs, outputs and parameters
 
     @classmethod
     def of(cls, pipeline: ModelPipeline, default_for: list[str]) -> ServedModel:
         m = pipeline.model
-        return cls(m.name, m.version, m.task, m.manifest, m, tuple(default_for))
+        return cls(m.name, m.version, m.task, m.manifest, m, tuple(default_for), pipeline.contract)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The model's own sizes that its contract's shapes name (``labels``, ``dimensions``)."""
+        sizes = {"labels": len(self.labels)}
+        if self.manifest.embedding is not None:
+            sizes["dimensions"] = self.manifest.embedding.dimensions
+        return sizes
 
     @property
     def labels(self) -> list[str]:

@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
@@ -52,6 +52,7 @@ from service.pipelines.translate import DecodingParams, Translator
 
 from .limits import CONTEXTS, RequestLimits
 from .models import ServedModel
+from .params import decoding_params, sampling_params
 from .registry import ModelRegistry
 from .streams import GenerationStreams
 
@@ -335,6 +336,23 @@ class InferenceService:
             lambda: pipeline.embed(texts, normalize),
         )
 
+    # --- any task, in its contract's terms ------------------------------------------------
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Sequence[Any]],
+        parameters: Mapping[str, Any],
+        cache: CacheControl = USE_CACHE,
+        request_id: str = "",
+    ) -> Outcome[Any]:
+        """One request in its task contract's terms (``ServedModel.contract``): ``inputs`` by the contract's
+        input names (texts, or image bytes), ``parameters`` by the core's names. The tensor doors (v2 over
+        HTTP and gRPC) come in here; errors name ``inputs`` (``contexts`` for a second input) and the core's
+        parameters, as the task methods' do."""
+        task = self.model(model).task
+        return await _BY_TASK[task](self, model, inputs, dict(parameters), cache, request_id)
+
     # --- generation -----------------------------------------------------------------------
 
     def _generation(
@@ -415,3 +433,28 @@ class InferenceService:
                 stream.cancel()
             raise
         return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices)
+
+
+_TaskCall = Callable[
+    [InferenceService, str, Mapping[str, Sequence[Any]], dict[str, Any], CacheControl, str],
+    Awaitable[Outcome[Any]],
+]
+
+# task -> its method, from the contract's inputs (by name) and the core's parameters (``infer``)
+_BY_TASK: dict[str, _TaskCall] = {
+    TextClassifier.task: lambda core, m, i, p, cache, rid: core.classify_texts(i["text"], None, m, cache),
+    ImageClassifier.task: lambda core, m, i, p, cache, rid: core.classify_images(i["image"], None, m, cache),
+    QuestionAnswerer.task: lambda core, m, i, p, cache, rid: core.answer(
+        list(zip(i["question"], i["context"], strict=True)), m, cache
+    ),
+    EntityTagger.task: lambda core, m, i, p, cache, rid: core.entities(i["text"], m, cache),
+    SentenceEmbedder.task: lambda core, m, i, p, cache, rid: core.embed(
+        i["text"], p.get("normalize", True), m, cache
+    ),
+    Translator.task: lambda core, m, i, p, cache, rid: core.translate(
+        i["text"], decoding_params(**p), m, cache
+    ),
+    Generator.task: lambda core, m, i, p, cache, rid: core.generate(
+        i["prompt"], sampling_params(**p), m, cache, rid
+    ),
+}

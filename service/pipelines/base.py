@@ -27,6 +27,7 @@ from service.metrics import Metrics
 from service.settings import Settings
 
 from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
+from .contract import TaskContract
 from .text_inputs import feeds_for, pad_batch
 
 Item = TypeVar("Item")
@@ -59,13 +60,20 @@ class Building:
 class ModelPipeline(ABC):
     """One served model: its task-specific pre/post-processing and the engine that runs it.
 
-    Each pipeline declares its task once: ``task`` (the manifest's), ``default_model`` (the model a
-    request that names none gets, when loaded) and ``build`` (the pipeline for a loaded model, from the
-    settings); the factory and the registry read them (``factory.PIPELINES``).
+    Each pipeline declares its task once: ``contract`` (its name as in the manifest, its default model,
+    inputs, outputs and parameters: ``contract.py``) and ``build`` (the pipeline for a loaded model, from
+    the settings); the factory, the registry and the tensor doors read them (``factory.PIPELINES``).
     """
 
-    task: str
-    default_model: ClassVar[str]
+    contract: ClassVar[TaskContract]
+    task: str  # contract.task
+    default_model: ClassVar[str]  # contract.default_model
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "contract" in cls.__dict__:
+            cls.task = cls.contract.task
+            cls.default_model = cls.contract.default_model
 
     @classmethod
     @abstractmethod

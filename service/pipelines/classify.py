@@ -17,6 +17,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
 from .base import BatchedPipeline, Building, TextEncoderPipeline
+from .contract import CLASSIFICATION_OUTPUTS, TaskContract, TensorSpec, text_input
 from .image_inputs import ImageDecodeError, image_pixels, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess, truncate
@@ -32,8 +33,12 @@ def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool
 class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
     """Text -> label probabilities. Texts longer than the model's window are cut to it (``truncated``)."""
 
-    task = "text-classification"
-    default_model = "bert-classifier"
+    contract = TaskContract(
+        "text-classification",
+        "bert-classifier",
+        (text_input("text", "UTF-8 text"),),
+        CLASSIFICATION_OUTPUTS,
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> TextClassifier:
@@ -79,8 +84,13 @@ class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
 class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
     """Image bytes (PNG/JPEG, any size and mode) -> label probabilities, preprocessed exactly as in training."""
 
-    task = "image-classification"
-    default_model = "vit"
+    contract = TaskContract(
+        "image-classification",
+        "vit",
+        (TensorSpec("image", "BYTES", "PNG/JPEG bytes (base64 of them in JSON, where BYTES are strings)"),),
+        CLASSIFICATION_OUTPUTS,
+        decode="image",
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> ImageClassifier:

@@ -17,6 +17,7 @@ from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
 from .base import Building, TextEncoderPipeline
+from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Embedding, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
 
@@ -32,8 +33,25 @@ class Vectors:
 class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
     """Text -> embedding. Texts longer than the model's window are cut to it (``truncated``), as in classify."""
 
-    task = "feature-extraction"
-    default_model = "bert-embedder"
+    contract = TaskContract(
+        "feature-extraction",
+        "bert-embedder",
+        (text_input("text", "UTF-8 text"),),
+        (
+            TensorSpec(
+                "embedding",
+                "FP32",
+                "the sentence embedding (unit length by default)",
+                (-1, "dimensions"),
+                value=lambda e: e.vector,
+            ),
+        ),
+        (
+            Parameter(
+                "normalize", "bool", "false gives the mean-pooled vector, not normalised (default true)"
+            ),
+        ),
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> SentenceEmbedder:

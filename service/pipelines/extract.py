@@ -12,8 +12,9 @@ are not tagged and the result says ``truncated``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
 from .base import Building, TextEncoderPipeline
+from .contract import TaskContract, TensorSpec, text_input
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
@@ -31,8 +33,19 @@ from .text_inputs import encode_texts, preprocess
 
 
 class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
-    task = "question-answering"
-    default_model = "bert-qa"
+    contract = TaskContract(
+        "question-answering",
+        "bert-qa",
+        (text_input("question", "UTF-8 question"), text_input("context", "UTF-8 context")),
+        (
+            TensorSpec("answer", "BYTES", "the answer span's text", value=lambda a: a.answer),
+            TensorSpec(
+                "start", "INT64", "its start: a character offset into the context", value=lambda a: a.start
+            ),
+            TensorSpec("end", "INT64", "its end: answer == context[start:end]", value=lambda a: a.end),
+            TensorSpec("score", "FP32", "p(start) * p(end)", value=lambda a: a.score),
+        ),
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> QuestionAnswerer:
@@ -155,8 +168,19 @@ class TaggedText:
 
 
 class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
-    task = "token-classification"
-    default_model = "bert-tagger"
+    contract = TaskContract(
+        "token-classification",
+        "bert-tagger",
+        (text_input("text", "UTF-8 text"),),
+        (
+            TensorSpec(
+                "entities",
+                "BYTES",
+                'JSON array per item: [{"text", "label", "start", "end", "score"}], character offsets',
+                value=lambda r: json.dumps([asdict(e) for e in r.entities], ensure_ascii=False),
+            ),
+        ),
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> EntityTagger:

@@ -24,6 +24,7 @@ from service.engine.worker import Permit
 from service.errors import InvalidInputError
 
 from .base import Building, ModelPipeline
+from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Generation, Outcome, Usage
 from .text_inputs import encode_texts, preprocess
 
@@ -53,8 +54,29 @@ class OpenStream:
 
 
 class Generator(ModelPipeline):
-    task = "text-generation"
-    default_model = "gpt"
+    contract = TaskContract(
+        "text-generation",
+        "gpt",
+        (text_input("prompt", "UTF-8 prompt"),),
+        (
+            TensorSpec("text", "BYTES", "the completion, without the prompt", value=lambda g: g.text),
+            TensorSpec("finish_reason", "BYTES", "length | stop | eos", value=lambda g: g.finish_reason),
+        ),
+        (
+            Parameter(
+                "max_new_tokens",
+                "int",
+                "tokens to generate (default 64, at most MAX_NEW_TOKENS)",
+                ("max_tokens", "max_new_tokens"),
+            ),
+            Parameter("temperature", "float", "0 = greedy (default 1)"),
+            Parameter("top_k", "int", "0 = off"),
+            Parameter("top_p", "float", "1 = off"),
+            Parameter("repetition_penalty", "float", "1 = off"),
+            Parameter("seed", "int", "reproducible sampling"),
+            Parameter("stop", "strings", "generation ends before the first"),
+        ),
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> Generator:

@@ -27,6 +27,7 @@ from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds, decoded_labels
 from .base import BatchedPipeline, Building
+from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Outcome, Translation, TranslationSequence, Usage
 from .text_inputs import encode_texts, preprocess, truncate
 
@@ -82,8 +83,38 @@ class SourceItem:
 
 
 class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
-    task = "translation"
-    default_model = "translator"
+    contract = TaskContract(
+        "translation",
+        "translator",
+        (text_input("text", "UTF-8 English text"),),
+        (
+            TensorSpec(
+                "translation",
+                "BYTES",
+                "the German translation (best hypothesis)",
+                value=lambda t: t.sequences[0].text,
+            ),
+            TensorSpec(
+                "finish_reason", "BYTES", "eos | length", value=lambda t: t.sequences[0].finish_reason
+            ),
+            TensorSpec(
+                "score",
+                "FP32",
+                "length-penalised log-probability (beam) or mean token log-probability",
+                value=lambda t: t.sequences[0].score,
+            ),
+        ),
+        (
+            Parameter("beam_size", "int", "1 = greedy search (default)"),
+            Parameter(
+                "max_new_tokens",
+                "int",
+                "at most MAX_NEW_TOKENS; default from the source length",
+                ("max_new_tokens", "max_tokens"),
+            ),
+            Parameter("length_penalty", "float", "beam score = log-prob / length ** length_penalty"),
+        ),
+    )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> Translator:

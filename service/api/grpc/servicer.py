@@ -1,8 +1,8 @@
 """KServe's ``GRPCInferenceService`` on the inference core: health, metadata and ``ModelInfer``.
 
 A thin adapter: each RPC decodes its message, calls what the HTTP v2 door calls
-(``v2.infer.infer``, ``v2.tasks.signature``, the core's readiness and models) and
-encodes the answer; limits, defaults, lookups and the task runners are theirs. The
+(``oip.infer.infer``, ``oip.tasks.signature``, the core's readiness and models) and
+encodes the answer; limits, defaults, lookups and the task contracts are theirs. The
 generated service classes come from ``tritonclient.grpc`` (Triton's
 ``grpc_service.proto``, a superset of KServe's ``grpc_predict_v2.proto`` in the same
 ``inference`` package): the RPCs it adds beyond KServe's answer ``UNIMPLEMENTED``.
@@ -24,9 +24,9 @@ from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
 from service.api.http.auth import ApiKeys, presented_key
 from service.api.http.request_id import client_request_id
-from service.api.v2.infer import InferCall, infer
-from service.api.v2.routes import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
-from service.api.v2.tasks import signature
+from service.api.oip.infer import InferCall, infer
+from service.api.oip.metadata import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
+from service.api.oip.tasks import signature
 from service.context import RequestContext, bind, unbind
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle

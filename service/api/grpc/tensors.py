@@ -12,7 +12,14 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
 
-from service.api.v2.tensors import Output, Tensor, decode_binary, element_count, encode_binary, numeric_tensor
+from service.api.oip.tensors import (
+    Output,
+    Tensor,
+    decode_binary,
+    element_count,
+    encode_binary,
+    numeric_tensor,
+)
 from service.errors import MalformedBodyError
 
 # datatype -> the InferTensorContents field that holds it (FP16 and BF16: raw only)

@@ -2,8 +2,8 @@
 
 ``POST /v2/models/{name}/generate`` answers once; ``generate_stream`` answers
 with Server-Sent Events, ``data: {...}`` only (as Triton sends them). The
-parameters are the infer route's (``tasks.GENERATION_PARAMETERS``,
-``tasks.TRANSLATION_PARAMETERS``), checked by the inference core.
+parameters are the infer route's (the task's contract, ``oip/tasks.py``), checked by the
+inference core.
 """
 
 from __future__ import annotations
@@ -21,15 +21,9 @@ from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationEvents
+from service.api.oip.tasks import core_parameters, field_names, flag
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from service.api.v2.schemas import GenerateRequest, GenerateResponse
-from service.api.v2.tasks import (
-    GENERATION_PARAMETERS,
-    TRANSLATION_PARAMETERS,
-    core_parameters,
-    field_names,
-    flag,
-)
 from service.errors import InvalidInputError
 from service.inference import (
     GenerationStreams,
@@ -83,7 +77,7 @@ async def _translation(
     request: Request[Any, Any, Any],
 ) -> tuple[Outcome[Translation], TranslationSequence]:
     """The translation of ``text`` and its best hypothesis (the translator streams nothing token by token)."""
-    values, names = core_parameters(model.name, parameters, TRANSLATION_PARAMETERS)
+    values, names = core_parameters(model.name, model.contract, parameters)
     cache = cache_control(request, flag(parameters, "cache", True))
     with field_names("text_input", names):
         work = core.translate([text], decoding_params(**values), model.name, cache)
@@ -121,7 +115,7 @@ class GenerateExtensionController(Controller):
             outcome, best = await _translation(core, model, data.text_input, parameters, request)
             text, finish = best.text, best.finish_reason
         else:
-            values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+            values, names = core_parameters(model.name, model.contract, parameters)
             cache = cache_control(request, flag(parameters, "cache", True))
             with field_names("text_input", names):
                 params = sampling_params(**values)
@@ -167,7 +161,7 @@ class GenerateExtensionController(Controller):
             chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
             return ServerSentEvent(_single(chunk))
         flag(parameters, "cache", True)  # checked, though a stream is never cached
-        values, names = core_parameters(model.name, parameters, GENERATION_PARAMETERS)
+        values, names = core_parameters(model.name, model.contract, parameters)
         with field_names("text_input", names):
             streams = await core.open_streams(
                 [data.text_input], sampling_params(**values), model.name, request_id_of(request) or ""

@@ -4,7 +4,7 @@ Health, server and model metadata, ``infer`` with JSON tensors and the binary
 tensor data extension, Triton's ``generate`` / ``generate_stream`` extension for
 the generation and translation models, and the two read-only calls of
 ``tritonclient`` that suit a fixed repository (``/config``, ``/repository/index``).
-Every inference goes through ``InferenceService`` (``v2_tasks.RUNNERS``): same
+Every inference goes through ``InferenceService`` (``oip/tasks.py``, by the task's contract): same
 batchers, cache, limits, metrics. Errors are ``{"error": "..."}``
 (``v2_errors``). ``docs/OPEN_INFERENCE_PROTOCOL.md`` has each model's tensors.
 """
@@ -12,7 +12,6 @@ batchers, cache, limits, metrics. Errors are ``{"error": "..."}``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, cast
 
 from litestar import Controller, Request, Response, get, post, route
@@ -28,33 +27,33 @@ from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
+from service.api.oip.infer import InferCall, infer
+from service.api.oip.metadata import (
+    EXTENSIONS,
+    PLATFORM,
+    SERVER_NAME,
+    ModelMetadata,
+    has_tensors,
+    model_metadata,
+    server_version,
+)
+from service.api.oip.tasks import signature
+from service.api.oip.tensors import Output
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_error_responses
-from service.api.v2.infer import InferCall, infer
 from service.api.v2.schemas import (
     InferRequest,
     InferResponse,
     LiveOut,
-    ModelMetadata,
     ModelReadyOut,
     ReadyOut,
     RepositoryIndexRequest,
     RepositoryModel,
     ServerMetadata,
-    TensorMetadata,
 )
-from service.api.v2.tasks import (
-    COMMON_PARAMETERS,
-    RUNNERS,
-    TensorSpec,
-    signature,
-)
-from service.api.v2.tensors import Output, decompress, encode_response, read_inputs, split_body
+from service.api.v2.tensors import decompress, encode_response, read_inputs, split_body
 from service.errors import InvalidInputError
-from service.inference import InferenceService, Outcome, ServedModel
+from service.inference import InferenceService, Outcome, ServedModel, TensorSpec
 
-SERVER_NAME = "transformer-serving"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "generate"]
-PLATFORM = "onnxruntime_onnx"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NO_TENSORS = "its task has no tensors on the v2 protocol"
 _UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
@@ -68,36 +67,9 @@ def _paths(suffix: str = "") -> list[str]:
     return [MODEL + suffix, VERSIONED + suffix]
 
 
-def server_version() -> str:
-    try:
-        return metadata.version(SERVER_NAME)
-    except metadata.PackageNotFoundError:
-        return "0"
-
-
 def resolve(core: InferenceService, name: str, version: str | None) -> ServedModel:
     """The loaded model ``name``; with ``version``, only if that is the loaded version (the manifest's hash)."""
     return core.model(name, version=version)
-
-
-def model_metadata(model: ServedModel) -> ModelMetadata:
-    sig = signature(model)
-    params: dict[str, Any] = {
-        "task": model.task,
-        "request_parameters": {**sig.parameters, **COMMON_PARAMETERS},
-        "inputs": {t.name: t.description for t in sig.inputs},
-        "outputs": {t.name: t.description for t in sig.outputs},
-    }
-    if model.manifest.labels:
-        params["labels"] = list(model.manifest.labels)
-    return ModelMetadata(
-        name=model.name,
-        versions=[model.version],
-        platform=PLATFORM,
-        inputs=[TensorMetadata(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in sig.inputs],
-        outputs=[TensorMetadata(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in sig.outputs],
-        parameters=params,
-    )
 
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -269,10 +241,10 @@ class OpenInferenceController(Controller):
             ready_only = bool(parsed.ready)
         out = [
             RepositoryModel(name=m.name, version=m.version, state="READY")
-            if m.task in RUNNERS
+            if has_tensors(m)
             else RepositoryModel(name=m.name, version=m.version, state="UNAVAILABLE", reason=NO_TENSORS)
             for m in inference.models()
-            if m.task in RUNNERS or not ready_only
+            if has_tensors(m) or not ready_only
         ]
         if not ready_only:
             out += [

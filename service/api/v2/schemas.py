@@ -37,25 +37,6 @@ class ModelReadyOut(BaseModel):
     ready: bool
 
 
-class TensorMetadata(BaseModel):
-    name: str
-    datatype: str = Field(description="BYTES | FP32 | INT64 | ...")
-    shape: list[int] = Field(description="-1 for a dynamic axis; the first axis is the batch")
-
-
-class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str] = Field(description="The loaded version: the manifest's content hash")
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-    parameters: dict[str, Any] = Field(
-        default_factory=dict,
-        description="This service's additions: task, labels (the order of `probabilities`), request "
-        "parameters the model takes",
-    )
-
-
 class RequestInput(BaseModel):
     name: str = Field(min_length=1, max_length=128)
     shape: list[StrictInt] = Field(max_length=8, description="Non-negative integers (not booleans or 2.0)")

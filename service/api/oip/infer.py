@@ -2,8 +2,8 @@
 ``ModelInfer`` both decode their request into an ``InferCall`` and render what ``infer`` returns.
 
 Here: the model (and version), the tensors bound to its signature, the protocol's own parameters
-(``binary_data_output``, ``cache``), the outputs asked for, and the task's runner (``tasks.RUNNERS``),
-which maps the tensors to one inference-core call.
+(``binary_data_output``, ``cache``), the outputs asked for, and ``tasks.run``, which maps the tensors
+to one inference-core call by the task's contract.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.api.v2.tasks import RUNNERS, Call, Signature, bind_inputs, flag, signature
-from service.api.v2.tensors import Output, Tensor
+from service.api.oip.tasks import Call, Signature, bind_inputs, flag, run, signature
+from service.api.oip.tensors import Output, Tensor
 from service.errors import InvalidInputError
 from service.inference import CacheControl, InferenceService, Outcome
 
@@ -65,9 +65,7 @@ async def infer(core: InferenceService, call: InferCall) -> InferResult:
     use_cache = flag(parameters, "cache", True)
     wanted = _requested(model.name, sig, call.outputs, binary_default)
     cache = CacheControl.of(use_cache, call.use_cache_header, call.cache_scope)
-    outcome, outputs = await RUNNERS[model.task](
-        model, inputs, parameters, Call(core, cache, call.request_id)
-    )
+    outcome, outputs = await run(model, inputs, parameters, Call(core, cache, call.request_id))
     by_name = {o.name: o for o in outputs}
     selected = (  # in the order asked for; all of them, in the model's order, when none is named
         [(by_name[name], binary) for name, binary in wanted.items()]
