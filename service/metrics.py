@@ -218,11 +218,16 @@ _REJECT = {
 
 
 class _ModelObserver:
-    """What both engine observers share: the model's label, and refusals sorted into rejected / dropped."""
+    """What both engine observers share: the model's label, its compute, batch, queue and in-flight
+    series, and refusals sorted into rejected / dropped."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._m = metrics
         self._model = model
+        self._compute_seconds = metrics.compute_seconds.labels(model)
+        self._batch_size = metrics.batch_size.labels(model)
+        self._depth = metrics.queue_depth.labels(model)
+        self._in_flight = metrics.model_in_flight.labels(model)
 
     def on_reject(self, reason: str) -> None:
         kind, label = _REJECT.get(reason, ("rejected", reason))
@@ -235,11 +240,7 @@ class BatcherMetrics(_ModelObserver):
     def __init__(self, metrics: Metrics, model: str) -> None:
         super().__init__(metrics, model)
         self._queue_seconds = metrics.queue_seconds.labels(model)
-        self._compute_seconds = metrics.compute_seconds.labels(model)
-        self._batch_size = metrics.batch_size.labels(model)
         self._batch_tokens = metrics.batch_tokens.labels(model)
-        self._depth = metrics.queue_depth.labels(model)
-        self._in_flight = metrics.model_in_flight.labels(model)
 
     def on_enqueue(self, depth: int) -> None:
         self._depth.set(depth)
@@ -268,10 +269,6 @@ class GenerationMetrics(_ModelObserver):
         self._tokens = metrics.generated_tokens.labels(model)
         self._ttft = metrics.time_to_first_token.labels(model)
         self._tpot = metrics.time_per_output_token.labels(model)
-        self._compute_seconds = metrics.compute_seconds.labels(model)
-        self._batch_size = metrics.batch_size.labels(model)
-        self._depth = metrics.queue_depth.labels(model)
-        self._running = metrics.model_in_flight.labels(model)
 
     def on_first_token(self, seconds: float) -> None:
         self._tokens.inc()
@@ -293,4 +290,4 @@ class GenerationMetrics(_ModelObserver):
 
     def on_depth(self, waiting: int, running: int) -> None:
         self._depth.set(waiting)
-        self._running.set(running)
+        self._in_flight.set(running)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,43 @@ class ServiceProcess(service_process.ServiceProcess):
 
     def __init__(self, port: int, env: dict[str, str], log_path: Path) -> None:
         super().__init__(env, port=port, log_path=log_path, stop_grace_s=0)
+
+
+def small_queues(models: Path, **overrides: Any) -> Settings:
+    """Settings whose queues fill at once: a queue of one, batches of one without waiting, and no response
+    cache (identical requests must all reach the queue)."""
+    values: dict[str, Any] = {
+        "MODEL_REPOSITORY": models,
+        "MAX_QUEUE_SIZE": 1,
+        "MAX_ITEMS": 1,
+        "MAX_BATCH_SIZE": 1,
+        "MAX_QUEUE_DELAY_MS": 0,
+        "CACHE_ENABLED": False,
+    }
+    return Settings(**{**values, **overrides})
+
+
+def burst_until_refused(client: httpx.Client, path: str, body: Any, bursts: int = 3) -> list[httpx.Response]:
+    """Up to ``bursts`` bursts of 24 concurrent POSTs, until some are refused: those (429s), every other
+    answer having been a 200."""
+    full: list[httpx.Response] = []
+    for _burst in range(bursts):
+        with ThreadPoolExecutor(24) as pool:
+            responses = list(pool.map(lambda _: client.post(path, json=body), range(24)))
+        assert {r.status_code for r in responses} <= {200, 429}
+        full = [r for r in responses if r.status_code == 429]
+        if full:
+            break
+    assert full, f"no request to {path} was turned away by a queue of one"
+    for r in full:
+        assert int(r.headers["retry-after"]) >= 1
+    return full
+
+
+def hang_up_after_first_event(url: str, path: str, body: Any) -> None:
+    """POST a streamed request on a connection of its own and close it once the first event arrives."""
+    with httpx.Client(base_url=url, timeout=120) as client, client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break  # one event seen: hang up (leaving the block closes the connection)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from parity import check_close, check_outputs_equal
 from PIL import Image
-from servers import LiveServer
+from servers import LiveServer, burst_until_refused, hang_up_after_first_event, small_queues
 from tokenizers import Tokenizer
 
 from model_export.profiles import MODEL_NAMES
@@ -149,12 +149,12 @@ def test_translate_single_and_scores(client: httpx.Client) -> None:
     assert body["usage"]["output_tokens"] <= 12
 
 
-def test_translate_batched_equals_one_by_one_greedy(client: httpx.Client) -> None:
-    batched = ok(client, "/v1/translate", {"texts": SENTENCES, "return_scores": True})["results"]
-    alone = [ok(client, "/v1/translate", {"text": t, "return_scores": True})["results"][0] for t in SENTENCES]
+def check_batched_as_alone(batched: list[Any], alone: list[Any], same: tuple[str, ...]) -> None:
+    """Results of one batched request against each item's own request: the fields ``same`` equal, the
+    scores within 1e-4."""
     check_outputs_equal(
-        [(r["text"], r["finish_reason"]) for r in batched],
-        [(r["text"], r["finish_reason"]) for r in alone],
+        [tuple(r[f] for f in same) for r in batched],
+        [tuple(r[f] for f in same) for r in alone],
         name_a="batched",
         name_b="one by one",
     )
@@ -166,6 +166,12 @@ def test_translate_batched_equals_one_by_one_greedy(client: httpx.Client) -> Non
         name_a="batched",
         name_b="one by one",
     )
+
+
+def test_translate_batched_equals_one_by_one_greedy(client: httpx.Client) -> None:
+    batched = ok(client, "/v1/translate", {"texts": SENTENCES, "return_scores": True})["results"]
+    alone = [ok(client, "/v1/translate", {"text": t, "return_scores": True})["results"][0] for t in SENTENCES]
+    check_batched_as_alone(batched, alone, ("text", "finish_reason"))
 
 
 def test_translate_beam_search(client: httpx.Client) -> None:
@@ -226,18 +232,7 @@ def test_classify_text_batched_equals_one_by_one(client: httpx.Client) -> None:
             1.0, abs=1e-5
         )  # two labels: all of them
     alone = [ok(client, "/v1/classify", {"text": text, "top_k": 2})["results"][0] for text in REVIEWS]
-    batched = body["results"]
-    check_outputs_equal(
-        [r["label"] for r in alone], [r["label"] for r in batched], name_a="one by one", name_b="batched"
-    )
-    check_close(
-        [r["score"] for r in alone],
-        [r["score"] for r in batched],
-        atol=1e-4,
-        rtol=0,
-        name_a="one by one",
-        name_b="batched",
-    )
+    check_batched_as_alone(body["results"], alone, ("label",))
 
 
 def test_classify_images_json_multipart_and_batch(client: httpx.Client) -> None:
@@ -495,15 +490,7 @@ def test_disconnect_mid_stream_cancels_the_sequence(api: LiveServer) -> None:
         for _attempt in range(5):
             busy = [pool.submit(other.post, "/v1/generate", json=load) for _ in range(6)]
             body = {"prompt": "ROMEO:", "max_new_tokens": max_context - 8, "temperature": 0, "stream": True}
-            # Its own client, so leaving the block closes the connection mid-stream.
-            with (
-                httpx.Client(base_url=api.url, timeout=120) as streaming,
-                streaming.stream("POST", "/v1/generate", json=body) as r,
-            ):
-                assert r.status_code == 200
-                for line in r.iter_lines():
-                    if line.startswith("data:"):
-                        break  # one token seen: hang up
+            hang_up_after_first_event(api.url, "/v1/generate", body)
             deadline = time.monotonic() + 10
             while engine.cancelled_sequences == before and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -649,26 +636,8 @@ def test_bad_transport_input(client: httpx.Client) -> None:
 
 def test_full_queue_answers_429_with_retry_after(tiny_models: Path) -> None:
     """A queue of one, batches of one, and a burst of concurrent translations: the overflow gets 429."""
-    settings = Settings(
-        MODEL_REPOSITORY=tiny_models,
-        MAX_QUEUE_SIZE=1,
-        MAX_ITEMS=1,
-        MAX_BATCH_SIZE=1,
-        MAX_QUEUE_DELAY_MS=0,
-        CACHE_ENABLED=False,  # identical requests must all reach the queue
-    )
     body = {"text": SENTENCES[3], "beam_size": 4, "max_new_tokens": 60}
-    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=120) as c:
-        full: list[httpx.Response] = []
-        for _burst in range(3):
-            with ThreadPoolExecutor(24) as pool:
-                responses = list(pool.map(lambda _: c.post("/v1/translate", json=body), range(24)))
-            assert {r.status_code for r in responses} <= {200, 429}
-            full = [r for r in responses if r.status_code == 429]
-            if full:
-                break
-        assert full, "no request was turned away by a queue of one"
-        for r in full:
-            assert int(r.headers["retry-after"]) >= 1
+    with LiveServer(small_queues(tiny_models)) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+        for r in burst_until_refused(c, "/v1/translate", body):
             assert r.json()["error"]["type"] == "queue_full"
         assert c.get("/health/ready").status_code == 200

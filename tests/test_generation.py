@@ -448,14 +448,7 @@ def test_abandoned_iteration_cancels(gpt: LoadedModel) -> None:
         assert engine.cancelled_sequences == 1
 
         stream = engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=50)))
-        first = asyncio.Event()
-
-        async def reader() -> None:
-            async for _ in stream:
-                first.set()
-
-        task = asyncio.create_task(reader())
-        await first.wait()
+        task = await reading(stream)
         task.cancel()  # the handler task of a disconnected client is cancelled mid-iteration
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -465,6 +458,19 @@ def test_abandoned_iteration_cancels(gpt: LoadedModel) -> None:
                 await abandoned.result()
 
     run_engine(gpt, scenario)
+
+
+async def reading(stream: Any) -> asyncio.Task[None]:
+    """A task that reads ``stream`` to its end, returned once the first token is out."""
+    first = asyncio.Event()
+
+    async def reader() -> None:
+        async for _ in stream:
+            first.set()
+
+    task = asyncio.create_task(reader())
+    await first.wait()
+    return task
 
 
 # --- admission --------------------------------------------------------------------------------
@@ -508,14 +514,7 @@ def test_queue_timeout(gpt: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> Non
 
     async def scenario(engine: GenerationEngine) -> None:
         running = engine.submit(GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5)))
-        prefilled = asyncio.Event()
-
-        async def reader() -> None:
-            async for _ in running:
-                prefilled.set()
-
-        task = asyncio.create_task(reader())
-        await prefilled.wait()  # its first token is out, so it holds the only place; its next step blocks
+        task = await reading(running)  # its first token is out: it holds the only place; its next step blocks
         late = engine.submit(
             GenerationRequest(prompt, replace(GREEDY, max_new_tokens=5))
         )  # no place while max_running = 1

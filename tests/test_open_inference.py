@@ -13,7 +13,6 @@ import io
 import json
 import random
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 import tritonclient.http as triton
 from litestar.testing import TestClient
 from PIL import Image
-from servers import LiveServer
+from servers import LiveServer, burst_until_refused, small_queues
 from tritonclient.utils import InferenceServerException
 
 from service.api.oip.tasks import NotOnV2Error, signature
@@ -416,33 +415,13 @@ def test_middleware_answers_in_the_v2_shape(tiny_models: Path, tmp_path: Path) -
 
 def test_full_queue_is_429_with_retry_after(tiny_models: Path) -> None:
     """The engine's own backpressure, in the protocol's shape: a queue of one and a burst of translations."""
-    settings = Settings(
-        MODEL_REPOSITORY=tiny_models,
-        MAX_QUEUE_SIZE=1,
-        MAX_ITEMS=1,
-        MAX_BATCH_SIZE=1,
-        MAX_QUEUE_DELAY_MS=0,
-        CACHE_ENABLED=False,  # identical requests must all reach the queue
-    )
     sentence = "A woman in a red dress sings on a stage in front of a large crowd of people."
     body = {
         "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentence]}],
         "parameters": {"beam_size": 4, "max_new_tokens": 60},
     }
-    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=120) as c:
-        full: list[httpx.Response] = []
-        for _burst in range(3):
-            with ThreadPoolExecutor(24) as pool:
-                responses = list(
-                    pool.map(lambda _: c.post("/v2/models/translator/infer", json=body), range(24))
-                )
-            assert {r.status_code for r in responses} <= {200, 429}
-            full = [r for r in responses if r.status_code == 429]
-            if full:
-                break
-        assert full, "no request was turned away by a queue of one"
-        for r in full:
-            assert int(r.headers["retry-after"]) >= 1
+    with LiveServer(small_queues(tiny_models)) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+        for r in burst_until_refused(c, "/v2/models/translator/infer", body):
             assert set(r.json()) == {"error"} and "queue" in r.json()["error"]
 
 

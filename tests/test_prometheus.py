@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from servers import LiveServer
+from servers import LiveServer, small_queues
 
 from service.settings import Settings
 
@@ -126,15 +126,7 @@ def test_rejections_are_counted_and_never_taken_for_drops(tiny_models: Path) -> 
     """Small queues under a burst: every 429 is a queue_full rejection of its model, and a request whose
     prompts do not all fit is refused whole (none of its prompts queued, so nothing is counted as
     dropped by a departed client)."""
-    settings = Settings(
-        MODEL_REPOSITORY=tiny_models,
-        MAX_QUEUE_SIZE=4,
-        MAX_ITEMS=3,
-        MAX_BATCH_SIZE=1,
-        MAX_RUNNING_SEQUENCES=1,
-        MAX_QUEUE_DELAY_MS=0,
-        CACHE_ENABLED=False,
-    )
+    settings = small_queues(tiny_models, MAX_QUEUE_SIZE=4, MAX_ITEMS=3, MAX_RUNNING_SEQUENCES=1)
     translate = {"text": "A woman in a red dress sings on a stage.", "beam_size": 4, "max_new_tokens": 40}
     generate = {"prompts": ["KING:", "QUEEN:", "DUKE:"], "max_new_tokens": 30, "temperature": 0}
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as c:

@@ -15,7 +15,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from service.settings import Settings
 
 from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
 from .contract import TaskContract
-from .text_inputs import feeds_for, pad_batch
+from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
@@ -171,3 +171,32 @@ class TextEncoderPipeline(BatchedPipeline[Item, Out]):
         feeds = pad_batch([ids], self.pad_id, None if type_ids is None else [type_ids])
         labels = wordpiece_labels(self.tokenizer, ids)
         return AttentionFeeds(feeds, "self", labels, labels)
+
+
+class TextPipeline(TextEncoderPipeline[list[int], Out]):
+    """A head whose item is one text's token ids (classify, tag, embed).
+
+    ``encode`` cuts each text to the window (a head that keeps more of each text, such as its words'
+    offsets, overrides it); ``run_texts`` admits, encodes and runs a request's texts.
+    """
+
+    @classmethod
+    def build(cls, model: LoadedModel, building: Building) -> Self:
+        return cls(model, building.policy(), building.batcher_observer(model.name))
+
+    def encode(self, texts: Sequence[str]) -> Sequence[EncodedText]:
+        """Each text's ids, cut to the model's window (``truncated`` says which were)."""
+        return [
+            EncodedText(truncate(e.ids, self.max_len), len(e.ids) > self.max_len)
+            for e in encode_texts(self.tokenizer, texts)
+        ]
+
+    async def run_texts(self, texts: Sequence[str]) -> tuple[Sequence[Any], list[Out]]:
+        """Every text's encoding and model output: all admitted at once, before tokenisation is paid for."""
+        with self.batcher.reserve(len(texts)) as permit:
+            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
+            outs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
+        return encoded, outs
+
+    def attention_length(self, text: str) -> tuple[int, str]:
+        return len(self.encode([text])[0].ids), "inputs"

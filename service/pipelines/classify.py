@@ -16,11 +16,10 @@ from service.engine.sampling import softmax
 from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
-from .base import BatchedPipeline, Building, TextEncoderPipeline
+from .base import BatchedPipeline, Building, TextPipeline
 from .contract import CLASSIFICATION_OUTPUTS, TaskContract, TensorSpec, text_input
 from .image_inputs import ImageDecodeError, image_pixels, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
-from .text_inputs import EncodedText, encode_texts, preprocess, truncate
 
 
 def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:
@@ -30,7 +29,7 @@ def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool
     return Classification(top[0].label, top[0].score, top, truncated)
 
 
-class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
+class TextClassifier(TextPipeline[np.ndarray]):
     """Text -> label probabilities. Texts longer than the model's window are cut to it (``truncated``)."""
 
     contract = TaskContract(
@@ -40,39 +39,20 @@ class TextClassifier(TextEncoderPipeline[list[int], np.ndarray]):
         CLASSIFICATION_OUTPUTS,
     )
 
-    @classmethod
-    def build(cls, model: LoadedModel, building: Building) -> TextClassifier:
-        return cls(model, building.policy(), building.batcher_observer(model.name))
-
-    def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
-    ) -> None:
-        super().__init__(model, policy, observer)
-        self.labels = required(model.manifest.labels)
+    @property
+    def labels(self) -> list[str]:
+        return required(self.model.manifest.labels)
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
         return list(softmax(self.run_padded(items)[0]))
 
-    def encode(self, texts: Sequence[str]) -> list[EncodedText]:
-        return [
-            EncodedText(truncate(e.ids, self.max_len), len(e.ids) > self.max_len)
-            for e in encode_texts(self.tokenizer, texts)
-        ]
-
     async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
-        with self.batcher.reserve(
-            len(texts)
-        ) as permit:  # a full queue refuses before tokenisation is paid for
-            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-            probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
+        encoded, probs = await self.run_texts(texts)
         results = [
             top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
         ]
         usage = Usage(input_tokens=sum(len(e.ids) for e in encoded))
         return Outcome(self.name, self.model.version, results, usage)
-
-    def attention_length(self, text: str) -> tuple[int, str]:
-        return len(self.encode([text])[0].ids), "inputs"
 
     def attention_feeds(self, text: str, result: Classification) -> AttentionFeeds:
         return self.token_feeds(self.encode([text])[0].ids)

@@ -16,10 +16,10 @@ from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 
-from .base import Building, TextEncoderPipeline
+from .base import TextPipeline
 from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Embedding, Outcome, Usage
-from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
+from .text_inputs import feeds_for, pad_batch
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Vectors:
     pooled: np.ndarray  # the mean over real tokens, before normalisation
 
 
-class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
+class SentenceEmbedder(TextPipeline[Vectors]):
     """Text -> embedding. Texts longer than the model's window are cut to it (``truncated``), as in classify."""
 
     contract = TaskContract(
@@ -53,10 +53,6 @@ class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
         ),
     )
 
-    @classmethod
-    def build(cls, model: LoadedModel, building: Building) -> SentenceEmbedder:
-        return cls(model, building.policy(), building.batcher_observer(model.name))
-
     def __init__(
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
     ) -> None:
@@ -69,18 +65,8 @@ class SentenceEmbedder(TextEncoderPipeline[list[int], Vectors]):
         normalized, pooled = self.graph.run(feeds, [self.spec.normalized_output, self.spec.pooled_output])
         return [Vectors(normalized[j], pooled[j]) for j in range(len(items))]
 
-    def encode(self, texts: Sequence[str]) -> list[EncodedText]:
-        return [
-            EncodedText(truncate(e.ids, self.max_len), len(e.ids) > self.max_len)
-            for e in encode_texts(self.tokenizer, texts)
-        ]
-
     async def embed(self, texts: Sequence[str], normalize: bool) -> Outcome[Embedding]:
-        with self.batcher.reserve(
-            len(texts)
-        ) as permit:  # a full queue refuses before tokenisation is paid for
-            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-            vectors = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
+        encoded, vectors = await self.run_texts(texts)
         results = [
             Embedding((v.normalized if normalize else v.pooled).tolist(), e.truncated)
             for v, e in zip(vectors, encoded, strict=True)

@@ -24,12 +24,12 @@ from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 
 from .attention import AttentionFeeds
-from .base import Building, TextEncoderPipeline
+from .base import Building, TextEncoderPipeline, TextPipeline
 from .contract import TaskContract, TensorSpec, text_input
 from .entity_spans import group_entities, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
-from .text_inputs import encode_texts, preprocess
+from .text_inputs import EncodedText, encode_texts, preprocess
 
 
 class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
@@ -160,14 +160,14 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
 
 
 @dataclass(frozen=True)
-class TaggedText:
-    ids: list[int]
+class TaggedText(EncodedText):
+    """One text's ids, with each token's word and character offsets (what the tags are read back by)."""
+
     word_ids: list[int | None]
     offsets: list[tuple[int, int]]
-    truncated: bool
 
 
-class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
+class EntityTagger(TextPipeline[np.ndarray]):
     contract = TaskContract(
         "token-classification",
         "bert-tagger",
@@ -182,15 +182,9 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
         ),
     )
 
-    @classmethod
-    def build(cls, model: LoadedModel, building: Building) -> EntityTagger:
-        return cls(model, building.policy(), building.batcher_observer(model.name))
-
-    def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
-    ) -> None:
-        super().__init__(model, policy, observer)
-        self.labels = required(model.manifest.labels)
+    @property
+    def labels(self) -> list[str]:
+        return required(self.model.manifest.labels)
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
         logits = self.run_padded(items)[0]
@@ -208,7 +202,7 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
                     [*word_ids[:keep], None],
                     [*offsets[:keep], (0, 0)],
                 )
-            tagged.append(TaggedText(ids, word_ids, offsets, truncated))
+            tagged.append(TaggedText(ids, truncated, word_ids, offsets))
         return tagged
 
     def entities(self, text: str, tagged: TaggedText, logits: np.ndarray) -> Entities:
@@ -221,16 +215,9 @@ class EntityTagger(TextEncoderPipeline[list[int], np.ndarray]):
         return Entities(found, tagged.truncated)
 
     async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
-        with self.batcher.reserve(
-            len(texts)
-        ) as permit:  # a full queue refuses before tokenisation is paid for
-            tagged = await preprocess(sum(map(len, texts)), self.encode, texts)
-            logits = await self.infer([t.ids for t in tagged], [len(t.ids) for t in tagged], permit)
+        tagged, logits = await self.run_texts(texts)
         results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
-
-    def attention_length(self, text: str) -> tuple[int, str]:
-        return len(self.encode([text])[0].ids), "inputs"
 
     def attention_feeds(self, text: str, result: Entities) -> AttentionFeeds:
         return self.token_feeds(self.encode([text])[0].ids)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import onnx
 from conftest import RedisServer
-from servers import ServiceProcess, metric
+from servers import ServiceProcess, hang_up_after_first_event, metric
 from tokenizers import Tokenizer
 
 from harness.ports import free_port
@@ -112,14 +112,7 @@ def test_disconnect_mid_stream_stops_decoding(tiny_models: Path, tmp_path: Path)
                     pool.submit(httpx.post, f"{service.url}/v1/generate", json=load, timeout=60)
                     for _ in range(3)
                 ]
-                with (
-                    httpx.Client(base_url=service.url, timeout=60) as client,
-                    client.stream("POST", "/v1/generate", json=body) as r,
-                ):
-                    assert r.status_code == 200
-                    for line in r.iter_lines():
-                        if line.startswith("data:"):
-                            break  # one token: hang up
+                hang_up_after_first_event(service.url, "/v1/generate", body)
                 assert all(f.result().status_code == 200 for f in busy)
                 deadline = time.monotonic() + 5
                 while dropped == 0 and time.monotonic() < deadline:
