@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -91,18 +91,34 @@ class GenerationEngine(ModelWorker):
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) -----------------------
 
     def submit(self, request: GenerationRequest, permit: Permit | None = None) -> GenerationStream:
-        """Queue a request and return its stream at once; never waits for room.
+        """Queue one request and return its stream at once (``submit_all`` of one)."""
+        (stream,) = self.submit_all([request], permit)
+        return stream
 
-        Raises BatcherClosedError when not running, PromptError for a prompt that
-        cannot fit (see ``check_prompt``), and QueueFullError when
-        ``max_queue_size`` requests already wait (unless ``permit`` holds the place).
+    def submit_all(
+        self, requests: Sequence[GenerationRequest], permit: Permit | None = None
+    ) -> list[GenerationStream]:
+        """Queue every request or none, and return their streams at once; never waits for room.
+
+        Each prompt is checked here, once, before any is queued (``check_prompt``). Raises
+        BatcherClosedError when not running, PromptError naming the first prompt that cannot fit (its
+        ``index``), and QueueFullError when the queue has no room for all (unless ``permit`` holds
+        their places, taken before their prompts were tokenised).
         """
         self.check_open()
-        self.check_prompt(request.prompt_ids)
+        for index, request in enumerate(requests):
+            try:
+                self.check_prompt(request.prompt_ids)
+            except PromptError as exc:
+                exc.index = index
+                raise
         if permit is None:
-            self.admit(1)
-        else:
-            permit.use()  # the request's places were taken at once, before its prompts were tokenised
+            self.admit(len(requests))
+        return [self._queue(request, permit) for request in requests]
+
+    def _queue(self, request: GenerationRequest, permit: Permit | None) -> GenerationStream:
+        if permit is not None:
+            permit.use()
         stream = GenerationStream(request, self.name, self._on_stream_cancel)
         seq = SequenceState(
             request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode

@@ -50,10 +50,12 @@ class InferenceError(EngineError):
 class PromptError(EngineError):
     """A prompt the model cannot take: no tokens, ids outside its vocabulary, or no room for a new token.
 
-    ``reason`` is the client-facing word (``empty``, ``too_long``, ``unknown_token``).
+    ``reason`` is the client-facing word (``empty``, ``too_long``, ``unknown_token``); ``index`` the
+    prompt's place among those submitted together (``submit_all``).
     """
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, index: int = 0) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
+        self.index = index

@@ -106,21 +106,18 @@ class Generator(ModelPipeline):
         await self.engine.stop(drain=True, timeout_s=timeout_s)
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids per prompt, each checked by the engine; a prompt it refuses is the client's error."""
-        encoded = []
-        for index, encoding in enumerate(encode_texts(self.tokenizer, prompts)):
-            ids = list(encoding.ids)
-            try:
-                self.engine.check_prompt(ids)
-            except PromptError as exc:
-                raise InvalidInputError(exc.message, "inputs", exc.reason, index) from exc
-            encoded.append(ids)
-        return encoded
+        return [list(encoding.ids) for encoding in encode_texts(self.tokenizer, prompts)]
 
     def _submit(
-        self, ids: list[int], params: SamplingParams, request_id: str, permit: Permit
-    ) -> GenerationStream:
-        return self.engine.submit(GenerationRequest(ids, params, request_id), permit)
+        self, encoded: list[list[int]], params: SamplingParams, request_id: str, permit: Permit
+    ) -> list[GenerationStream]:
+        """Every prompt queued, or none: a prompt the engine refuses is the client's error."""
+        try:
+            return self.engine.submit_all(
+                [GenerationRequest(ids, params, request_id) for ids in encoded], permit
+            )
+        except PromptError as exc:
+            raise InvalidInputError(exc.message, "inputs", exc.reason, exc.index) from exc
 
     async def generate(
         self, prompts: Sequence[str], params: SamplingParams, request_id: str = ""
@@ -130,12 +127,10 @@ class Generator(ModelPipeline):
             len(prompts)
         ) as permit:  # a full queue refuses before tokenisation is paid for
             encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
-            streams: list[GenerationStream] = []
+            streams = self._submit(encoded, params, request_id, permit)
             try:
-                for ids in encoded:
-                    streams.append(self._submit(ids, params, request_id, permit))
                 finished = await asyncio.gather(*(s.result() for s in streams))
-            except BaseException:  # a rejected prompt, or the caller went away: stop the others too
+            except BaseException:  # a failed sequence, or the caller went away: stop the others too
                 for stream in streams:
                     stream.cancel()
                 raise
@@ -146,7 +141,8 @@ class Generator(ModelPipeline):
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
         with self.engine.reserve(1) as permit:
             (ids,) = await preprocess(len(prompt), self.encode, [prompt])
-            return OpenStream(self._submit(ids, params, request_id, permit), len(ids))
+            (stream,) = self._submit([ids], params, request_id, permit)
+            return OpenStream(stream, len(ids))
 
     async def warmup(self) -> None:
         await self.generate(["warm"], SamplingParams(max_new_tokens=2, temperature=0.0))
