@@ -20,7 +20,6 @@ dependency injection from ``app.state``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -42,7 +41,7 @@ from prometheus_client import multiprocess as prometheus_multiprocess
 
 from service.api.grpc.server import GrpcServer
 from service.api.http.admission import admit_requests
-from service.api.http.auth import ApiKeys, require_api_key
+from service.api.http.auth import ApiKeys, ControlAccess, require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.errors import EXCEPTION_HANDLERS
 from service.api.http.observe import observe_requests
@@ -54,52 +53,20 @@ from service.api.routes import CONTROLLERS, RAW_ERROR_SHAPES
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.engine import runtime
-from service.engine.repository import load_repository
-from service.engine.runtime import RuntimeOptions
 from service.errors import describe_status
 from service.inference.limits import RequestLimits
-from service.inference.registry import ModelRegistry
+from service.inference.loading import Loader
+from service.inference.polling import RepositoryPoller
 from service.inference.service import InferenceService
 from service.lifecycle import Lifecycle
 from service.logs import configure_logging
 from service.memory import MemoryTrimmer
 from service.metrics import Metrics, multiprocess_enabled
-from service.pipelines.base import ModelPipeline
-from service.pipelines.factory import build_pipeline
 from service.settings import SHARED_POOL_FLAG, Settings
 
 log = logging.getLogger("service")
 
 API_VERSION = "1.0"
-
-
-def runtime_options(settings: Settings) -> RuntimeOptions:
-    return RuntimeOptions(
-        device=settings.device,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
-        variant=settings.model_variant,
-        spinning=settings.intra_op_spinning,
-        kv_cache=settings.kv_cache,
-    )
-
-
-async def build_registry(settings: Settings, metrics: Metrics | None = None) -> ModelRegistry:
-    """Load the repository (blocking ONNX Runtime work, off the event loop) and build every pipeline."""
-    loaded, refused = await asyncio.to_thread(
-        load_repository,
-        settings.model_repository,
-        runtime_options(settings),
-        only=settings.served_models or None,  # SERVED_MODELS: empty serves every folder
-    )
-    pipelines: list[ModelPipeline] = []
-    for name, model in loaded.items():
-        try:
-            pipelines.append(build_pipeline(model, settings, metrics))
-        except Exception as exc:  # a manifest the loader accepted but a pipeline cannot use
-            log.error("refusing model %s: %r", name, exc)
-            refused[name] = f"cannot serve: {exc!r}"
-    return ModelRegistry(pipelines, refused)
 
 
 def _cors(settings: Settings) -> CORSConfig | None:
@@ -170,14 +137,30 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        registry = await build_registry(settings, metrics)
+        loader = Loader(settings, metrics)
+        registry = await loader.startup(settings.served_models or None)  # empty SERVED_MODELS: every folder
         cache = ResponseCache(
             build_backend(settings, errors=metrics),
             ttl_s=settings.cache_ttl_s,
             prefix=settings.cache_key_prefix,
             observer=metrics,
         )
-        inference = InferenceService(registry, cache, state.limits)
+        controlled = settings.model_control_mode != "none"
+        inference = InferenceService(
+            registry,
+            cache,
+            state.limits,
+            loader=loader if controlled else None,
+            observer=metrics,
+            retire_timeout_s=settings.shutdown_timeout_s,
+        )
+        poller = (
+            RepositoryPoller(
+                inference, loader, settings.model_repository_poll_s, settings.served_models or None
+            )
+            if settings.model_control_mode == "poll"
+            else None
+        )
         if lifecycle.draining:  # SIGTERM arrived while loading
             inference.drain()
         app.state.inference = inference
@@ -191,9 +174,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             if grpc_server is not None:
                 await grpc_server.start()
             trimmer.start()
-            for pipeline in inference.registry.pipelines.values():
-                model = pipeline.model
-                metrics.served(model.name, model.version, model.task, model.provider, model.variant)
+            if poller is not None:
+                poller.start()
+            if controlled:
+                log.info(
+                    "model control: %s; %s",
+                    settings.model_control_mode,
+                    ControlAccess.from_settings(settings).describe(),
+                )
             log.info(
                 "ready: %d model(s) serving (%s), %d refused; response cache: %s",
                 len(registry.pipelines),
@@ -203,6 +191,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             )
             yield
         finally:
+            if poller is not None:
+                await poller.stop()
             await trimmer.stop()
             if grpc_server is not None:
                 await grpc_server.stop()

@@ -48,6 +48,22 @@ KINDS: dict[str, ErrorKind] = {
         "DEADLINE_EXCEEDED",
         "the body did not arrive within BODY_READ_TIMEOUT_S; the connection is closed",
     ),
+    "forbidden": ErrorKind(
+        403,
+        "PERMISSION_DENIED",
+        "repository control needs a key of ADMIN_API_KEYS (or, with none set, a service on loopback only), "
+        "and a MODEL_CONTROL_MODE that allows the call",
+    ),
+    "control_off": ErrorKind(
+        404,
+        "UNIMPLEMENTED",
+        "repository control is off (MODEL_CONTROL_MODE=none): the models of start-up serve until the end",
+    ),
+    "load_failed": ErrorKind(
+        400,
+        "FAILED_PRECONDITION",
+        "the model folder could not be loaded (the message says why); a version already serving serves on",
+    ),
     "payload_too_large": ErrorKind(413, "RESOURCE_EXHAUSTED", "body over MAX_BODY_BYTES"),
     "unsupported_media_type": ErrorKind(415, "INVALID_ARGUMENT", "wrong Content-Type (field `Content-Type`)"),
     "validation_error": ErrorKind(
@@ -158,6 +174,29 @@ class ModelVersionNotFoundError(ModelNotFoundError):
             field="model_version",
         )
         self.name = name
+
+
+class ForbiddenError(ServiceError):
+    """A repository control call the caller may not make (its key, or the control mode, does not allow it)."""
+
+    kind = "forbidden"
+
+
+class ControlOffError(ServiceError):
+    """A load or unload where MODEL_CONTROL_MODE=none: the call is not there, as before control existed."""
+
+    kind = "control_off"
+
+
+class ModelLoadFailedError(ServiceError):
+    """A model folder that could not be loaded: the reason as ``engine/repository.py`` checks it."""
+
+    kind = "load_failed"
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"failed to load {name!r}: {reason}", field="model_name")
+        self.name = name
+        self.reason = reason
 
 
 class NoModelForTaskError(ServiceError):

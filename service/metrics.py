@@ -20,6 +20,7 @@ the recommended layout: Prometheus scrapes each replica.
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
@@ -163,6 +164,26 @@ class Metrics:
             ["model", "version", "task", "execution_provider", "variant", "precision"],
             mode="max",
         )
+        self.model_state = gauge(
+            "model_state",
+            "Each loaded version: 1 while it serves, 0 once it is retired (replaced or unloaded; its "
+            "sessions freed when its last request ended)",
+            ["model", "version"],
+            mode="max",
+        )
+        self.model_load_seconds = histogram(
+            "model_load_seconds",
+            "Time to load a model while serving: its folder checked, sessions opened and warmed up",
+            [],
+            (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.model_loads = counter(
+            "model_loads", "Loads and reloads while serving, by result (loaded, failed)", ["result"]
+        )
+        # (model, version) -> its model_info labels, and how many pipelines serve it (a reload of the same
+        # files serves the same version twice, until the first copy retires)
+        self._served_labels: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._serving: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Metrics:
@@ -200,12 +221,33 @@ class Metrics:
         self.cache_errors.labels(backend, operation).inc()
 
     def served(self, model: str, version: str, task: str, provider: str, variant: ServedVariant) -> None:
-        self.model_info.labels(model, version, task, provider, variant.name, variant.precision).set(1)
+        labels = (model, version, task, provider, variant.name, variant.precision)
+        self._served_labels[(model, version)] = labels
+        self._serving[(model, version)] += 1
+        self.model_info.labels(*labels).set(1)
+        self.model_state.labels(model, version).set(1)
         # Zero-valued series exist from the start, so rate() and alerts see them before the first event.
         self.queue_depth.labels(model).set(0)
         self.model_in_flight.labels(model).set(0)
         self.cache_hits.labels(model)
         self.cache_misses.labels(model)
+
+    def retired(self, model: str, version: str) -> None:
+        """A version replaced or unloaded, its sessions freed: it leaves model_info, its state turns 0."""
+        key = (model, version)
+        self._serving[key] -= 1
+        if self._serving[key] > 0:  # the same files serve on, reloaded
+            return
+        del self._serving[key]
+        labels = self._served_labels.pop(key, None)
+        if labels is not None:
+            self.model_info.remove(*labels)
+        self.model_state.labels(model, version).set(0)
+
+    def loaded(self, model: str, result: str, seconds: float) -> None:
+        self.model_loads.labels(result).inc()
+        if result == "loaded":
+            self.model_load_seconds.observe(seconds)
 
 
 # Engine reject reasons -> (metric, reason label). "cancelled" means the client went away.

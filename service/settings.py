@@ -63,6 +63,17 @@ class Settings(BaseSettings):
         description="Model names (folders) to load, comma-separated; empty: every folder. One model per "
         "process, pod or KServe InferenceService; a name with no folder is refused like a broken one",
     )
+    model_control_mode: Literal["none", "explicit", "poll"] = Field(
+        default="none",
+        description="none: the models of start-up serve until the process ends; explicit: the Open Inference "
+        "Protocol's repository extension loads, reloads and unloads them (ADMIN_API_KEYS); poll: the "
+        "repository is scanned every MODEL_REPOSITORY_POLL_S and a new, changed or removed folder is "
+        "loaded, reloaded or unloaded. A reload never stops serving: the new version warms up beside the "
+        "old, which finishes its requests",
+    )
+    model_repository_poll_s: float = Field(
+        default=5.0, gt=0, description="MODEL_CONTROL_MODE=poll: seconds between two scans of the repository"
+    )
 
     # --- ONNX Runtime --------------------------------------------------------------------
     device: Literal["auto", "cuda", "cpu"] = Field(
@@ -224,6 +235,13 @@ class Settings(BaseSettings):
         default=[],
         repr=False,
         description="Accepted API keys (Authorization: Bearer KEY, or X-API-Key: KEY); empty: no auth",
+    )
+    admin_api_keys: Words = Field(
+        default=[],
+        repr=False,
+        description="Keys that may load and unload models (MODEL_CONTROL_MODE=explicit), presented like API "
+        "keys; empty: only a service listening on loopback (HOST 127.0.0.1, ::1 or localhost) takes control "
+        "calls, from anyone who can reach it",
     )
     auth_health: bool = Field(default=False, description="With API keys: /health/* needs a key too")
     auth_metrics: bool = Field(default=False, description="With API keys: /metrics needs a key too")

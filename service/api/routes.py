@@ -19,6 +19,7 @@ from service.api.rest.system import HealthController, MetricsController, ModelsC
 from service.api.rest.translate import TranslateController
 from service.api.v2.errors import is_v2_path, v2_error_body
 from service.api.v2.generate import GenerateExtensionController
+from service.api.v2.repository import RepositoryController
 from service.api.v2.routes import OpenInferenceController
 
 CONTROLLERS: list[ControllerRouterHandler] = [
@@ -34,6 +35,7 @@ CONTROLLERS: list[ControllerRouterHandler] = [
     HealthController,
     MetricsController,
     OpenInferenceController,
+    RepositoryController,
     GenerateExtensionController,
     PlaygroundController,
 ]

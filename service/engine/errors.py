@@ -59,3 +59,10 @@ class PromptError(EngineError):
         self.message = message
         self.reason = reason
         self.index = index
+
+
+class SessionFreedError(EngineError):
+    """A graph's session was freed (its model was unloaded or replaced): nothing may run on it any more."""
+
+    def __init__(self, graph: str) -> None:
+        super().__init__(f"the session of {graph} was freed: its model was unloaded or replaced")

@@ -54,6 +54,15 @@ class LoadedModel:
     def task(self) -> str:
         return self.manifest.task
 
+    def free(self) -> None:
+        """Free every session of this model (once no request can reach it: ``InferenceService`` retires it)."""
+        for graph in [
+            *self.graphs.values(),
+            *self.inplace.values(),
+            *([self.attention] if self.attention else []),
+        ]:
+            graph.free()
+
     @property
     def version(self) -> str:
         return self.manifest.version

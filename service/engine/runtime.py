@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .errors import SessionFreedError
 from .variants import ServingDevice, VariantChoice
 
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -160,10 +161,24 @@ class Graph:
 
     def __init__(self, path: Path, options: RuntimeOptions) -> None:
         self.path = path
-        self.session = create_session(path, options)
+        self._session: ort.InferenceSession | None = create_session(path, options)
         self.provider = self.session.get_providers()[0]
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        if self._session is None:
+            raise SessionFreedError(self.path.name)
+        return self._session
+
+    @property
+    def freed(self) -> bool:
+        return self._session is None
+
+    def free(self) -> None:
+        """Drop the session (its memory goes with the last reference); running it afterwards raises."""
+        self._session = None
 
     @property
     def on_cuda(self) -> bool:

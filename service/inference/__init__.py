@@ -36,7 +36,7 @@ from service.pipelines.translate import DecodingParams
 
 from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits, image_bytes
 from .models import ServedModel
-from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService
+from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService, ModelState
 from .streams import ChoiceDone, GenerationStreams, TokenOut
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "InferenceService",
     "LabelScore",
     "Manifest",
+    "ModelState",
     "Outcome",
     "Parameter",
     "QueueFullError",

@@ -26,6 +26,11 @@ class ModelRegistry:
         # as callers see them (readiness is open by default): no host paths; the log has them whole
         self.refused = {name: without_paths(reason) for name, reason in refused.items()}
         self.defaults: dict[str, str] = {}
+        self._choose_defaults()
+
+    def _choose_defaults(self) -> None:
+        """Each task's preferred model when loaded, else the first loaded model (by name) of the task."""
+        self.defaults = {}
         for pipeline in self.pipelines.values():
             self.defaults.setdefault(pipeline.task, pipeline.name)
         for task, name in PREFERRED_DEFAULTS.items():
@@ -36,9 +41,23 @@ class ModelRegistry:
         """Take a loaded model out of service (e.g. its warm-up failed)."""
         self.pipelines.pop(name, None)
         self.refused[name] = without_paths(reason)
-        self.defaults = {task: n for task, n in self.defaults.items() if n != name}
-        for pipeline in self.pipelines.values():
-            self.defaults.setdefault(pipeline.task, pipeline.name)
+        self._choose_defaults()
+
+    def swap(self, pipeline: ModelPipeline) -> ModelPipeline | None:
+        """Serve ``pipeline`` under its name from now on; the pipeline it replaces, if any (still running:
+        requests that resolved it finish on it)."""
+        old = self.pipelines.get(pipeline.name)
+        self.pipelines = dict(sorted({**self.pipelines, pipeline.name: pipeline}.items()))
+        self.refused.pop(pipeline.name, None)
+        self._choose_defaults()
+        return old
+
+    def remove(self, name: str) -> ModelPipeline:
+        """Stop serving ``name``; its pipeline (still running for the requests that resolved it)."""
+        pipeline = self.get(name)
+        del self.pipelines[name]
+        self._choose_defaults()
+        return pipeline
 
     def default_for(self, name: str) -> list[str]:
         return sorted(task for task, n in self.defaults.items() if n == name)

@@ -24,13 +24,20 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict
-from typing import Any, Literal, TypeVar
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from service.engine.sampling import SamplingParams
-from service.errors import InvalidInputError, ModelVersionNotFoundError, NotReadyError
+from service.engine.variants import ServedVariant
+from service.errors import (
+    ControlOffError,
+    InvalidInputError,
+    ModelLoadFailedError,
+    ModelVersionNotFoundError,
+    NotReadyError,
+)
 from service.pipelines import attention as attention_step
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
@@ -51,6 +58,7 @@ from service.pipelines.results import (
 from service.pipelines.translate import DecodingParams, Translator
 
 from .limits import CONTEXTS, RequestLimits
+from .loading import Loader
 from .models import ServedModel
 from .params import decoding_params, sampling_params
 from .registry import ModelRegistry
@@ -66,13 +74,47 @@ R = TypeVar("R")
 DEFAULT_MAX_NEW_TOKENS = 64
 
 
+class ModelObserver(Protocol):
+    """What the core reports of the models it serves (``service.metrics.Metrics``)."""
+
+    def served(self, model: str, version: str, task: str, provider: str, variant: ServedVariant) -> None: ...
+
+    def retired(self, model: str, version: str) -> None: ...
+
+    def loaded(self, model: str, result: str, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """One model of the repository as the repository index shows it (Triton's states)."""
+
+    name: str
+    version: str | None
+    state: Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
+    reason: str = ""
+
+
 class InferenceService:
-    def __init__(self, registry: ModelRegistry, cache: ResponseCache, limits: RequestLimits) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        cache: ResponseCache,
+        limits: RequestLimits,
+        loader: Loader | None = None,
+        observer: ModelObserver | None = None,
+        retire_timeout_s: float = 30.0,
+    ) -> None:
         self.registry = registry
         self.cache = cache
         self.limits = limits
+        self.loader = loader  # None: the models are those of start-up (no load, no unload)
+        self.observer = observer
+        self.retire_timeout_s = retire_timeout_s  # how long a retired version may take to finish its work
         self.phase: Phase = "starting"
         self._started: list[ModelPipeline] = []
+        self._warmup = True
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._retiring: dict[ModelPipeline, asyncio.Task[None]] = {}
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -82,6 +124,7 @@ class InferenceService:
         A model whose warm-up fails is stopped and refused (one log line), like a
         broken folder: the other models serve.
         """
+        self._warmup = warmup
         for pipeline in list(self.registry.pipelines.values()):
             await pipeline.start()
             self._started.append(pipeline)
@@ -97,6 +140,8 @@ class InferenceService:
                 self.registry.refuse(pipeline.name, f"warm-up failed: {exc!r}")
                 continue
             log.info("warmed up %s in %.2fs", pipeline.name, time.perf_counter() - began)
+        for pipeline in self._started:
+            self._served(pipeline)
         self.phase = "ready"
 
     def drain(self) -> None:
@@ -107,6 +152,8 @@ class InferenceService:
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting, let each engine finish its work within ``timeout_s``; reverse start order."""
         self.phase = "stopping"
+        for task in list(self._retiring.values()):
+            task.cancel()
         for pipeline in reversed(self._started):
             try:
                 await pipeline.stop(timeout_s)
@@ -123,6 +170,109 @@ class InferenceService:
     def ready(self) -> bool:
         """Ready for inference, with at least one model to serve."""
         return self.phase == "ready" and bool(self.registry.pipelines)
+
+    # --- the repository while serving: load (or reload), unload ---------------------------
+
+    async def load(self, name: str) -> ServedModel:
+        """Load model ``name`` from its folder, or reload it when it serves: the new version is built and
+        warmed up beside the serving one, then takes every new request at once; each request that had
+        resolved the old version finishes on it, and the old sessions are freed when the last one ends.
+        A load that fails raises ``ModelLoadFailedError`` and leaves the serving version as it was."""
+        loader = self._control()
+        lock = self._loading.setdefault(name, asyncio.Lock())
+        async with lock:  # one load of a name at a time; other names load side by side
+            began = time.perf_counter()
+            try:
+                pipeline = await loader.build(name)
+                await self._start(pipeline)
+            except ModelLoadFailedError:
+                self._observe_load(name, "failed", began)
+                raise
+            old = self.registry.swap(pipeline)
+            self._served(pipeline)
+            self._observe_load(name, "loaded", began)
+            log.info(
+                "%s version %s serves (%s)%s",
+                name,
+                pipeline.model.version,
+                "reloaded" if old is not None else "loaded",
+                f"; version {old.model.version} retires once its requests end" if old is not None else "",
+            )
+            if old is not None:
+                self._retire(old)
+            return ServedModel.of(pipeline, self.registry.default_for(name))
+
+    async def unload(self, name: str) -> None:
+        """Stop serving model ``name``: new requests for it get 404; those it already has finish."""
+        self._control()
+        async with self._loading.setdefault(name, asyncio.Lock()):
+            pipeline = self.registry.remove(name)
+            log.info("%s unloaded; version %s retires once its requests end", name, pipeline.model.version)
+            self._retire(pipeline)
+
+    def repository(self) -> list[ModelState]:
+        """Every model the repository holds or this service serves, with its state and the reason."""
+        states = {
+            p.name: ModelState(p.name, p.model.version, "READY") for p in self.registry.pipelines.values()
+        }
+        for name, reason in self.registry.refused.items():
+            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
+        for name in self.loader.folders() if self.loader is not None else []:
+            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", "unloaded"))
+        for name, lock in self._loading.items():
+            if lock.locked():
+                served = states.get(name)
+                states[name] = ModelState(name, served.version if served else None, "LOADING")
+        return [states[name] for name in sorted(states)]
+
+    def _control(self) -> Loader:
+        if self.loader is None:
+            raise ControlOffError("the model repository is fixed at start-up (MODEL_CONTROL_MODE=none)")
+        return self.loader
+
+    async def _start(self, pipeline: ModelPipeline) -> None:
+        """Start and warm up a new pipeline; one that fails is stopped, freed and refused."""
+        try:
+            await pipeline.start()
+            if self._warmup:
+                await pipeline.warmup()
+        except Exception as exc:
+            log.error("refusing the new version of %s: warm-up failed: %r", pipeline.name, exc)
+            await pipeline.stop(timeout_s=1.0)
+            pipeline.model.free()
+            raise ModelLoadFailedError(pipeline.name, f"warm-up failed: {exc!r}") from exc
+        self._started.append(pipeline)
+
+    def _retire(self, pipeline: ModelPipeline) -> None:
+        self._retiring[pipeline] = asyncio.ensure_future(self._retire_when_idle(pipeline))
+
+    async def _retire_when_idle(self, pipeline: ModelPipeline) -> None:
+        """Once no request holds it, let its engine finish what it has queued, then free its sessions."""
+        try:
+            await pipeline.idle()
+            await pipeline.stop(self.retire_timeout_s)
+        finally:
+            if pipeline in self._started:
+                self._started.remove(pipeline)
+            pipeline.model.free()
+            self._retiring.pop(pipeline, None)
+            if self.observer is not None:
+                self.observer.retired(pipeline.name, pipeline.model.version)
+            log.info("%s version %s retired: its sessions are freed", pipeline.name, pipeline.model.version)
+
+    async def retired(self) -> None:
+        """Until every replaced or unloaded version has stopped and freed its sessions (for tests, drains)."""
+        while self._retiring:
+            await asyncio.gather(*self._retiring.values(), return_exceptions=True)
+
+    def _served(self, pipeline: ModelPipeline) -> None:
+        if self.observer is not None:
+            m = pipeline.model
+            self.observer.served(m.name, m.version, m.task, m.provider, m.variant)
+
+    def _observe_load(self, name: str, result: str, began: float) -> None:
+        if self.observer is not None:
+            self.observer.loaded(name, result, time.perf_counter() - began)
 
     # --- what the doors may know of the models --------------------------------------------
 
@@ -162,7 +312,10 @@ class InferenceService:
         )
 
     def _resolve(self, kind: type[P], model: str | None) -> P:
-        """After the request's own checks: readiness, then the model (``model``, or the task's default)."""
+        """After the request's own checks: readiness, then the model (``model``, or the task's default).
+
+        The caller holds ``pipeline.leased()`` while it uses it: a version replaced or unloaded meanwhile
+        (``load``, ``unload``) stops, and frees its sessions, only once every request on it is done."""
         self.check_ready()
         return self.registry.resolve(kind, model)
 
@@ -190,17 +343,18 @@ class InferenceService:
         self.limits.new_tokens(params.max_new_tokens)
         self.limits.generation_budget(len(texts), params.max_new_tokens, params.beam_size)
         pipeline = self._resolve(Translator, model)
-        if attention is not None:
-            params = pipeline.attention_params(texts[0], params, self.limits.attention_max_tokens)
-        return await self._with_attention(
-            pipeline,
-            attention,
-            texts,
-            {"texts": list(texts), **asdict(params)},
-            Translation,
-            cache,
-            lambda: pipeline.translate(texts, params),
-        )
+        with pipeline.leased():
+            if attention is not None:
+                params = pipeline.attention_params(texts[0], params, self.limits.attention_max_tokens)
+            return await self._with_attention(
+                pipeline,
+                attention,
+                texts,
+                {"texts": list(texts), **asdict(params)},
+                Translation,
+                cache,
+                lambda: pipeline.translate(texts, params),
+            )
 
     async def classify_texts(
         self,
@@ -213,16 +367,17 @@ class InferenceService:
         """``top_k`` None: every label, most probable first."""
         self._texts(texts, attention)
         pipeline = self._resolve(TextClassifier, model)
-        k = len(pipeline.labels) if top_k is None else top_k
-        return await self._with_attention(
-            pipeline,
-            attention,
-            texts,
-            {"texts": list(texts), "top_k": k},
-            Classification,
-            cache,
-            lambda: pipeline.classify(texts, k),
-        )
+        with pipeline.leased():
+            k = len(pipeline.labels) if top_k is None else top_k
+            return await self._with_attention(
+                pipeline,
+                attention,
+                texts,
+                {"texts": list(texts), "top_k": k},
+                Classification,
+                cache,
+                lambda: pipeline.classify(texts, k),
+            )
 
     async def classify_images(
         self,
@@ -237,16 +392,17 @@ class InferenceService:
         self.limits.images(images)
         self._one_input(len(images), attention)
         pipeline = self._resolve(ImageClassifier, model)
-        k = len(pipeline.labels) if top_k is None else top_k
-        return await self._with_attention(
-            pipeline,
-            attention,
-            images,
-            {"images": [blob_digest(image) for image in images], "top_k": k},
-            Classification,
-            cache,
-            lambda: pipeline.classify(images, k),
-        )
+        with pipeline.leased():
+            k = len(pipeline.labels) if top_k is None else top_k
+            return await self._with_attention(
+                pipeline,
+                attention,
+                images,
+                {"images": [blob_digest(image) for image in images], "top_k": k},
+                Classification,
+                cache,
+                lambda: pipeline.classify(images, k),
+            )
 
     async def answer(
         self,
@@ -259,15 +415,16 @@ class InferenceService:
         self._texts([q for q, _ in pairs], attention)
         self.limits.texts([c for _, c in pairs], CONTEXTS)
         pipeline = self._resolve(QuestionAnswerer, model)
-        return await self._with_attention(
-            pipeline,
-            attention,
-            pairs,
-            {"pairs": [list(pair) for pair in pairs]},
-            Answer,
-            cache,
-            lambda: pipeline.answer(pairs),
-        )
+        with pipeline.leased():
+            return await self._with_attention(
+                pipeline,
+                attention,
+                pairs,
+                {"pairs": [list(pair) for pair in pairs]},
+                Answer,
+                cache,
+                lambda: pipeline.answer(pairs),
+            )
 
     async def entities(
         self,
@@ -278,15 +435,16 @@ class InferenceService:
     ) -> Outcome[Entities]:
         self._texts(texts, attention)
         pipeline = self._resolve(EntityTagger, model)
-        return await self._with_attention(
-            pipeline,
-            attention,
-            texts,
-            {"texts": list(texts)},
-            Entities,
-            cache,
-            lambda: pipeline.tag(texts),
-        )
+        with pipeline.leased():
+            return await self._with_attention(
+                pipeline,
+                attention,
+                texts,
+                {"texts": list(texts)},
+                Entities,
+                cache,
+                lambda: pipeline.tag(texts),
+            )
 
     async def _with_attention(
         self,
@@ -321,20 +479,21 @@ class InferenceService:
         """``dimensions``, when given, must be the model's own (its embeddings were not trained to be cut)."""
         self._texts(texts)
         pipeline = self._resolve(SentenceEmbedder, model)
-        if dimensions is not None and dimensions != pipeline.dimensions:
-            raise InvalidInputError(
-                f"model {pipeline.name!r} makes {pipeline.dimensions}-dimensional embeddings and does not "
-                "support other sizes (it was not trained for shortened, Matryoshka embeddings)",
-                "dimensions",
-                "unsupported",
+        with pipeline.leased():
+            if dimensions is not None and dimensions != pipeline.dimensions:
+                raise InvalidInputError(
+                    f"model {pipeline.name!r} makes {pipeline.dimensions}-dimensional embeddings and does not "
+                    "support other sizes (it was not trained for shortened, Matryoshka embeddings)",
+                    "dimensions",
+                    "unsupported",
+                )
+            return await self._answer(
+                pipeline,
+                {"texts": list(texts), "normalize": normalize},
+                Embedding,
+                cache,
+                lambda: pipeline.embed(texts, normalize),
             )
-        return await self._answer(
-            pipeline,
-            {"texts": list(texts), "normalize": normalize},
-            Embedding,
-            cache,
-            lambda: pipeline.embed(texts, normalize),
-        )
 
     # --- any task, in its contract's terms ------------------------------------------------
 
@@ -380,33 +539,34 @@ class InferenceService:
         ``p``, choice ``c`` at ``p * choices + c``); choice ``c`` of a seeded request samples with
         ``seed + c``. Each choice is cached only when deterministic (greedy or seeded)."""
         pipeline, params = self._generation(prompts, params, model, choices)
+        with pipeline.leased():
 
-        def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
-            return self._answer(
-                pipeline,
-                {"prompts": list(prompts), **asdict(choice)},
-                Generation,
-                cache if choice.is_deterministic else BYPASS,
-                lambda: pipeline.generate(prompts, choice, request_id),
+            def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
+                return self._answer(
+                    pipeline,
+                    {"prompts": list(prompts), **asdict(choice)},
+                    Generation,
+                    cache if choice.is_deterministic else BYPASS,
+                    lambda: pipeline.generate(prompts, choice, request_id),
+                )
+
+            if choices == 1:  # no extra task: the sequences reach the engine as early as possible
+                return await one(params)
+            tasks = [asyncio.ensure_future(one(params.for_choice(c))) for c in range(choices)]
+            try:
+                outcomes = await asyncio.gather(*tasks)
+            except BaseException:  # any failure cancels the other choices
+                for task in tasks:
+                    task.cancel()
+                raise
+            results = [o.results[p] for p in range(len(prompts)) for o in outcomes]
+            return Outcome(
+                pipeline.name,
+                pipeline.model.version,
+                results,
+                Usage.of_generations(results, choices),
+                cached=all(o.cached for o in outcomes),
             )
-
-        if choices == 1:  # no extra task: the sequences reach the engine as early as possible
-            return await one(params)
-        tasks = [asyncio.ensure_future(one(params.for_choice(c))) for c in range(choices)]
-        try:
-            outcomes = await asyncio.gather(*tasks)
-        except BaseException:  # any failure cancels the other choices
-            for task in tasks:
-                task.cancel()
-            raise
-        results = [o.results[p] for p in range(len(prompts)) for o in outcomes]
-        return Outcome(
-            pipeline.name,
-            pipeline.model.version,
-            results,
-            Usage.of_generations(results, choices),
-            cached=all(o.cached for o in outcomes),
-        )
 
     async def open_streams(
         self,
@@ -419,20 +579,23 @@ class InferenceService:
         """Live token streams, ``choices`` per prompt (prompt-major), all admitted or none. Never cached: a
         stream's point is tokens as the model makes them. The caller cancels them if it stops reading."""
         pipeline, params = self._generation(prompts, params, model, choices)
-        opened: list[OpenStream] = []
-        try:
-            for index, prompt in enumerate(prompts):
-                for c in range(choices):
-                    try:
-                        opened.append(await pipeline.open_stream(prompt, params.for_choice(c), request_id))
-                    except InvalidInputError as exc:
-                        exc.index = index
-                        raise
-        except BaseException:
-            for stream in opened:
-                stream.cancel()
-            raise
-        return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices)
+        with pipeline.leased():
+            opened: list[OpenStream] = []
+            try:
+                for index, prompt in enumerate(prompts):
+                    for c in range(choices):
+                        try:
+                            opened.append(
+                                await pipeline.open_stream(prompt, params.for_choice(c), request_id)
+                            )
+                        except InvalidInputError as exc:
+                            exc.index = index
+                            raise
+            except BaseException:
+                for stream in opened:
+                    stream.cancel()
+                raise
+            return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices)
 
 
 _TaskCall = Callable[

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -83,6 +83,26 @@ class ModelPipeline(ABC):
     def __init__(self, model: LoadedModel) -> None:
         assert model.task == self.task, f"{type(self).__name__} serves {self.task}, not {model.task}"
         self.model = model
+        self._users = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def leased(self) -> Iterator[Self]:
+        """Held by each request from the moment it resolves this model until its work is done or queued:
+        a replaced or unloaded pipeline stops once none holds it (``InferenceService`` retires it)."""
+        self._users += 1
+        self._idle.clear()
+        try:
+            yield self
+        finally:
+            self._users -= 1
+            if not self._users:
+                self._idle.set()
+
+    async def idle(self) -> None:
+        """Until no request holds this pipeline."""
+        await self._idle.wait()
 
     @property
     def name(self) -> str:

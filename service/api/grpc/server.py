@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 
 from service.api.grpc.auth import ApiKeyInterceptor
 from service.api.grpc.servicer import InferenceServicer
-from service.api.http.auth import ApiKeys
+from service.api.http.auth import ApiKeys, ControlAccess
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics
@@ -34,7 +34,16 @@ class GrpcServer:
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
         )
         rpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(core, lifecycle, metrics, keys, settings.access_log), self.server
+            InferenceServicer(
+                core,
+                lifecycle,
+                metrics,
+                keys,
+                settings.access_log,
+                settings.model_control_mode,
+                ControlAccess.from_settings(settings),
+            ),
+            self.server,
         )
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.port = self.server.add_insecure_port(self.address)

@@ -5,7 +5,9 @@ A thin adapter: each RPC decodes its message, calls what the HTTP v2 door calls
 encodes the answer; limits, defaults, lookups and the task contracts are theirs. The
 generated service classes come from ``tritonclient.grpc`` (Triton's
 ``grpc_service.proto``, a superset of KServe's ``grpc_predict_v2.proto`` in the same
-``inference`` package): the RPCs it adds beyond KServe's answer ``UNIMPLEMENTED``.
+``inference`` package): the RPCs it adds beyond KServe's answer ``UNIMPLEMENTED``, but for the
+repository extension (``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``), whose
+calls the HTTP door's repository routes share (``oip/repository.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from service.api.grpc.auth import metadata_of
 from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
-from service.api.http.auth import ApiKeys, presented_key
+from service.api.http.auth import ApiKeys, ControlAccess, presented_key
 from service.api.http.request_id import client_request_id
+from service.api.oip import repository
 from service.api.oip.infer import InferCall, infer
 from service.api.oip.metadata import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
 from service.api.oip.tasks import signature
@@ -38,13 +41,22 @@ access_log = logging.getLogger("service.access")
 
 class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(
-        self, core: InferenceService, lifecycle: Lifecycle, metrics: Metrics, keys: ApiKeys, log_access: bool
+        self,
+        core: InferenceService,
+        lifecycle: Lifecycle,
+        metrics: Metrics,
+        keys: ApiKeys,
+        log_access: bool,
+        control_mode: str = "none",
+        control_access: ControlAccess | None = None,
     ) -> None:
         self.core = core
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.keys = keys  # checked by the interceptor (auth.py); here only for the caller's cache scope
         self.log_access = log_access  # ACCESS_LOG: one line per call, as on HTTP
+        self.control_mode = control_mode  # MODEL_CONTROL_MODE
+        self.control_access = control_access or ControlAccess([], loopback_only=False)
 
     async def _answer(
         self,
@@ -148,3 +160,41 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             return response
 
         return await self._answer(context, "ModelInfer", request_id, run)
+
+    # --- the repository extension -----------------------------------------------------------------
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        async def index() -> pb.RepositoryIndexResponse:
+            out = pb.RepositoryIndexResponse()
+            for state in repository.index(self.core, request.ready):
+                out.models.add(
+                    name=state.name, version=state.version or "", state=state.state, reason=state.reason
+                )
+            return out
+
+        return await self._answer(context, "RepositoryIndex", client_request_id(""), index)
+
+    def _control(self, context: Any) -> repository.Control:
+        presented = presented_key(metadata_of(context.invocation_metadata()))
+        return repository.Control(self.control_mode, self.control_access, presented)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        async def load() -> pb.RepositoryModelLoadResponse:
+            parameters = {key: value for key, value in request.parameters.items()}
+            await repository.load(self.core, self._control(context), request.model_name, parameters)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._answer(context, "RepositoryModelLoad", client_request_id(""), load)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        async def unload() -> pb.RepositoryModelUnloadResponse:
+            await repository.unload(self.core, self._control(context), request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._answer(context, "RepositoryModelUnload", client_request_id(""), unload)

@@ -21,7 +21,7 @@ from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
-from service.errors import Problem
+from service.errors import ForbiddenError, Problem
 from service.settings import Settings
 
 # Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
@@ -59,9 +59,8 @@ class ApiKeys:
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeys:
         """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS and CACHE_SCOPE."""
-        return cls(
-            settings.api_keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key"
-        )
+        keys = [*settings.api_keys, *(settings.admin_api_keys if settings.api_keys else [])]
+        return cls(keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key")
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +93,40 @@ class ApiKeys:
         for key in self._keys:  # every key is compared, whichever matches
             valid |= hmac.compare_digest(presented, key)
         return valid
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class ControlAccess:
+    """Who may load and unload models: a key of ADMIN_API_KEYS (an admin key is an API key too), or, with
+    none set, anyone who can reach a service that listens on loopback only. One rule for both doors."""
+
+    def __init__(self, admin_keys: Sequence[str], loopback_only: bool) -> None:
+        self._keys = ApiKeys(admin_keys, True, True)
+        self.loopback_only = loopback_only
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ControlAccess:
+        return cls(settings.admin_api_keys, settings.host in LOOPBACK)
+
+    def describe(self) -> str:
+        """For the start-up log: which case holds."""
+        if self._keys.enabled:
+            return "repository control answers ADMIN_API_KEYS only"
+        if self.loopback_only:
+            return "no ADMIN_API_KEYS: repository control is open to callers on this host (HOST is loopback)"
+        return "no ADMIN_API_KEYS and HOST is not loopback: repository control is refused"
+
+    def check(self, presented: bytes) -> None:
+        """Raise ``ForbiddenError`` unless ``presented`` may make a control call."""
+        if self._keys.enabled:
+            if not (presented and self._keys.accepts(presented)):
+                raise ForbiddenError("loading and unloading models needs a key of ADMIN_API_KEYS")
+        elif not self.loopback_only:
+            raise ForbiddenError(
+                "loading and unloading models needs ADMIN_API_KEYS when the service listens beyond loopback"
+            )
 
 
 def cache_scope_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:

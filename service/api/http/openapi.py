@@ -1,4 +1,5 @@
-"""OpenAPI details Litestar's route decorators cannot say: a response with more than one media type."""
+"""OpenAPI details Litestar's route decorators cannot say: a response with more than one media type, and a
+body the handler reads itself."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Schema
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
 
 
 def also_answers(media_types: Mapping[str, Mapping[str, Any]], status: int = 200) -> type[Operation]:
@@ -29,3 +30,19 @@ def also_answers(media_types: Mapping[str, Mapping[str, Any]], status: int = 200
                 response.content = {**(response.content or {}), **extra}
 
     return AlsoAnswers
+
+
+def request_body(schema: dict[str, Any], description: str) -> type[Operation]:
+    """An ``operation_class`` documenting a JSON body the handler reads itself (binary tensors that follow
+    the JSON, an optional body)."""
+
+    @dataclass
+    class WithBody(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = RequestBody(
+                content={"application/json": OpenAPIMediaType(schema=cast(Schema, schema))},
+                description=description,
+                required=True,
+            )
+
+    return WithBody

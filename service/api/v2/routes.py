@@ -11,21 +11,18 @@ batchers, cache, limits, metrics. Errors are ``{"error": "..."}``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from litestar import Controller, Request, Response, get, post, route
 from litestar.exceptions import NotFoundException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIMediaType, Operation, RequestBody, Schema
 from pydantic import ValidationError
 
 from service.api.http.auth import cache_scope_of
 from service.api.http.body_schema import json_schema_of
-from service.api.http.client_json import parse_client_json
 from service.api.http.deps import Services
 from service.api.http.disconnect import unless_disconnected
-from service.api.http.openapi import also_answers
+from service.api.http.openapi import also_answers, request_body
 from service.api.http.request_id import request_id_of
 from service.api.oip.infer import InferCall, infer
 from service.api.oip.metadata import (
@@ -33,7 +30,6 @@ from service.api.oip.metadata import (
     PLATFORM,
     SERVER_NAME,
     ModelMetadata,
-    has_tensors,
     model_metadata,
     server_version,
 )
@@ -46,8 +42,6 @@ from service.api.v2.schemas import (
     LiveOut,
     ModelReadyOut,
     ReadyOut,
-    RepositoryIndexRequest,
-    RepositoryModel,
     ServerMetadata,
 )
 from service.api.v2.tensors import decompress, encode_response, read_inputs, split_body
@@ -55,9 +49,7 @@ from service.errors import InvalidInputError
 from service.inference import InferenceService, Outcome, ServedModel, TensorSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-NO_TENSORS = "its task has no tensors on the v2 protocol"
 _UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
-_INDEX_ERRORS = v2_error_responses(400, 408, 413)
 
 MODEL = "/models/{model_name:str}"
 VERSIONED = "/models/{model_name:str}/versions/{model_version:str}"
@@ -77,27 +69,11 @@ def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
     return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape)}
 
 
-def _request_body(schema: dict[str, Any], description: str) -> type[Operation]:
-    """An ``operation_class`` documenting a body the handler reads itself (binary tensors follow the JSON)."""
-
-    @dataclass
-    class WithBody(Operation):
-        def __post_init__(self) -> None:
-            self.request_body = RequestBody(
-                content={"application/json": OpenAPIMediaType(schema=cast(Schema, schema))},
-                description=description,
-                required=True,
-            )
-
-    return WithBody
-
-
-_INFER_BODY = _request_body(
+_INFER_BODY = request_body(
     json_schema_of(InferRequest),
     "The JSON inference request; with the binary tensor extension, the JSON header is followed by the "
     "tensors' bytes and `Inference-Header-Content-Length` gives the header's length (any Content-Type)",
 )
-_INDEX_BODY = _request_body(json_schema_of(RepositoryIndexRequest), "Optional: {ready}")
 _BINARY_OK = also_answers({"application/octet-stream": {"type": "string", "format": "binary"}})
 
 
@@ -161,8 +137,8 @@ class OpenInferenceController(Controller):
 
     @route("/{path:path}", http_method=["GET", "POST"], include_in_schema=False)
     async def unknown_path(self, path: str) -> None:
-        """Other v2 paths (shared memory, tracing, logging, repository load/unload) are not served: 404 in
-        the protocol's shape, so that tritonclient reports it as such."""
+        """Other v2 paths (shared memory, tracing, logging) are not served: 404 in the protocol's shape, so
+        that tritonclient reports it as such."""
         raise NotFoundException(f"/v2{path} is not served here (see docs/OPEN_INFERENCE_PROTOCOL.md)")
 
     # --- models -------------------------------------------------------------------------------------
@@ -219,38 +195,6 @@ class OpenInferenceController(Controller):
                 "max_items_per_request": {"string_value": str(services.inference.limits.max_items)}
             },
         }
-
-    @post(
-        "/repository/index",
-        status_code=200,
-        summary="Every model folder: READY, or UNAVAILABLE with the reason it was refused",
-        operation_class=_INDEX_BODY,
-        responses=_INDEX_ERRORS,
-    )
-    async def repository_index(
-        self, request: Request[Any, Any, Any], inference: InferenceService
-    ) -> list[RepositoryModel]:
-        """Read-only: the repository is loaded at start-up, so ``load`` / ``unload`` are not served."""
-        body = await request.body()
-        ready_only = False
-        if body.strip():
-            try:
-                parsed = RepositoryIndexRequest.model_validate(parse_client_json(body, "the body"))
-            except ValidationError as exc:
-                raise InvalidInputError(f"ready: {exc.errors()[0]['msg']}", "ready") from exc
-            ready_only = bool(parsed.ready)
-        out = [
-            RepositoryModel(name=m.name, version=m.version, state="READY")
-            if has_tensors(m)
-            else RepositoryModel(name=m.name, version=m.version, state="UNAVAILABLE", reason=NO_TENSORS)
-            for m in inference.models()
-            if has_tensors(m) or not ready_only
-        ]
-        if not ready_only:
-            out += [
-                RepositoryModel(name=n, state="UNAVAILABLE", reason=r) for n, r in inference.refused().items()
-            ]
-        return out
 
     # --- inference ----------------------------------------------------------------------------------
 

@@ -116,8 +116,16 @@ class RepositoryIndexRequest(BaseModel):
     ready: bool | None = Field(default=None, description="true: only models ready for inference")
 
 
+class RepositoryControlRequest(BaseModel):
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The protocol's load and unload parameters; `config` and `file:...` are refused (a model "
+        "loads from its own folder)",
+    )
+
+
 class RepositoryModel(BaseModel):
     name: str
     version: str | None = None
-    state: str = Field(description="READY | UNAVAILABLE")
+    state: str = Field(description="READY | LOADING | UNAVAILABLE")
     reason: str = ""

@@ -1,0 +1,108 @@
+"""How a model folder becomes a served pipeline: checked and opened off the event loop
+(``engine/repository.py``), then its pipeline built from the settings (``pipelines/factory.py``).
+
+At start-up for every folder (``startup``), and while serving for one folder by name (``build``, what
+``InferenceService.load`` swaps in). A name is one folder of the repository and nothing else: no
+separator, no ``..``, no link out of it, whatever a client sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.engine.repository import ModelLoadError, load_model, load_repository, without_paths
+from service.engine.runtime import RuntimeOptions
+from service.errors import InvalidInputError, ModelLoadFailedError
+from service.metrics import Metrics
+from service.pipelines.base import ModelPipeline
+from service.pipelines.factory import build_pipeline
+from service.settings import Settings
+
+from .registry import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+# A model's name: one folder of the repository (the publisher's work folders end in .partial).
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def runtime_options(settings: Settings) -> RuntimeOptions:
+    return RuntimeOptions(
+        device=settings.device,
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+        variant=settings.model_variant,
+        spinning=settings.intra_op_spinning,
+        kv_cache=settings.kv_cache,
+    )
+
+
+@dataclass(frozen=True)
+class Loader:
+    settings: Settings
+    metrics: Metrics | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.settings.model_repository
+
+    def folder(self, name: str) -> Path:
+        """The folder of model ``name``: a name that is not one folder of the repository is refused (400)."""
+        if not MODEL_NAME.fullmatch(name) or ".." in name or name.endswith(".partial"):
+            raise InvalidInputError(
+                f"{name!r} is not a model name: letters, digits, '.', '_' and '-', naming one folder of the "
+                "model repository",
+                "model_name",
+                "invalid_name",
+            )
+        folder = self.root / name
+        if folder.exists() and folder.resolve().parent != self.root.resolve():
+            raise InvalidInputError(
+                f"{name!r} leads outside the model repository", "model_name", "outside_repository"
+            )
+        return folder
+
+    def folders(self) -> list[str]:
+        """The model folders the repository holds now (work folders and hidden ones aside)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and MODEL_NAME.fullmatch(p.name) and not p.name.endswith(".partial")
+        )
+
+    async def startup(self, only: list[str] | None) -> ModelRegistry:
+        """Every folder (or those ``only`` names), loaded off the event loop; a broken one is refused."""
+        loaded, refused = await asyncio.to_thread(
+            load_repository, self.root, runtime_options(self.settings), only=only
+        )
+        pipelines: list[ModelPipeline] = []
+        for name, model in loaded.items():
+            try:
+                pipelines.append(build_pipeline(model, self.settings, self.metrics))
+            except Exception as exc:  # a manifest the loader accepted but a pipeline cannot use
+                log.error("refusing model %s: %r", name, exc)
+                refused[name] = f"cannot serve: {exc!r}"
+        return ModelRegistry(pipelines, refused)
+
+    async def build(self, name: str) -> ModelPipeline:
+        """Model ``name``'s pipeline, not yet started: every check of start-up, and ``ModelLoadFailedError``
+        naming the first that fails."""
+        folder = self.folder(name)
+        if not folder.is_dir():
+            raise ModelLoadFailedError(name, "the model repository has no such folder")
+        try:
+            model = await asyncio.to_thread(load_model, folder, runtime_options(self.settings))
+        except ModelLoadError as exc:
+            log.error("cannot load model folder %s: %s", folder, exc)
+            raise ModelLoadFailedError(name, without_paths(str(exc), self.root)) from exc
+        try:
+            return build_pipeline(model, self.settings, self.metrics)
+        except Exception as exc:
+            model.free()
+            raise ModelLoadFailedError(name, f"cannot serve: {exc!r}") from exc

@@ -1,0 +1,106 @@
+"""MODEL_CONTROL_MODE=poll: the repository scanned every MODEL_REPOSITORY_POLL_S, and the core told what
+changed. A new folder, or one whose manifest names another version than the one serving, is loaded (the
+same swap as an explicit load: ``InferenceService.load``); a served model whose folder is gone for two
+scans in a row is unloaded (one scan may fall between the publisher's removal of the old folder and
+its rename of the new one).
+
+A plain scan, not a file watcher: it reads one ``stat`` per folder and a manifest only when its
+``stat`` changed, which costs little per scan (``benchmarks/model_loads.py`` measures it), and it sees
+what another host writes to a shared volume (NFS, a Kubernetes PVC), where inotify sees nothing.
+A version that fails to load is not tried again until its manifest changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from service.engine.manifest import MANIFEST
+from service.errors import ServiceError
+
+from .loading import Loader
+from .service import InferenceService
+
+log = logging.getLogger(__name__)
+
+Fingerprint = tuple[int, int]  # the manifest's (mtime_ns, size)
+
+
+class RepositoryPoller:
+    def __init__(
+        self, core: InferenceService, loader: Loader, interval_s: float, only: list[str] | None = None
+    ) -> None:
+        self.core = core
+        self.loader = loader
+        self.interval_s = interval_s
+        self.only = set(only) if only else None
+        self._seen: dict[str, Fingerprint] = {}  # each folder's manifest as last read
+        self._missing: dict[str, int] = {}  # scans in a row that a served model's folder was absent
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.scan()
+            except Exception:  # a scan that fails (a volume gone for a moment) must not end polling
+                log.exception("scanning the model repository failed; the next scan tries again")
+
+    def _fingerprint(self, name: str) -> Fingerprint | None:
+        try:
+            stat = (self.loader.root / name / MANIFEST).stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def _version(self, name: str) -> str | None:
+        """The version the folder's manifest names (None: unreadable now; the load would say why)."""
+        try:
+            version = json.loads((self.loader.root / name / MANIFEST).read_text()).get("version")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return version if isinstance(version, str) else None
+
+    async def scan(self) -> None:
+        """One scan: load what is new or changed, unload what is gone."""
+        folders = {n for n in self.loader.folders() if self.only is None or n in self.only}
+        served = {p.name: p.model.version for p in self.core.registry.pipelines.values()}
+        for name in sorted(folders):
+            fingerprint = self._fingerprint(name)
+            if fingerprint is None or fingerprint == self._seen.get(name):
+                continue  # no manifest yet (being written), or nothing changed since the last read
+            self._seen[name] = fingerprint
+            version = self._version(name)
+            if version is not None and version == served.get(name):
+                continue
+            log.info(
+                "%s: the repository holds %s version %s; loading it",
+                name,
+                "a new" if name not in served else "another",
+                version,
+            )
+            try:
+                await self.core.load(name)
+            except ServiceError as exc:  # the serving version, if any, serves on; logged by the loader
+                log.warning("%s: not loaded: %s", name, exc)
+        for name in served.keys() - folders:
+            self._missing[name] = self._missing.get(name, 0) + 1
+            if self._missing[name] >= 2:
+                log.info("%s: its folder is gone from the repository; unloading it", name)
+                del self._missing[name]
+                self._seen.pop(name, None)
+                with contextlib.suppress(ServiceError):
+                    await self.core.unload(name)
+        for name in folders:
+            self._missing.pop(name, None)

@@ -1,0 +1,365 @@
+"""A live model repository: load, reload and unload while serving, through tritonclient's own calls on
+both transports, with no lost request; failed loads that leave the serving version alone; poll mode;
+admin keys. Tiny models, a real server on loopback, the real clients.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from servers import LiveServer, metric
+from tritonclient.utils import InferenceServerException
+
+from harness.ports import free_port
+from service.engine.manifest import MANIFEST, content_version, file_sha256
+from service.settings import Settings
+
+SERVED = ("bert-classifier", "gpt")
+ADMIN = "admin-key"
+
+
+def republish(folder: Path) -> str:
+    """The same model as a new version: tokenizer.json rewritten (same content, other layout), the manifest's
+    hashes and version made anew, as a rebuild writes them. Returns the new version."""
+    tokenizer = folder / "tokenizer.json"
+    data = json.loads(tokenizer.read_text())
+    layout = json.loads((folder / MANIFEST).read_text()).get("version", "")
+    tokenizer.write_text(json.dumps(data, indent=1 + (hash(layout) % 3)))
+    return rewrite_manifest(folder)
+
+
+def rewrite_manifest(folder: Path, **changes: Any) -> str:
+    """Every listed file's size and hash as they are now, the version from them, and ``changes``; written
+    in place (the work folder, then a rename, as the exporter does)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name, entry in manifest["files"].items():
+        entry["bytes"] = (folder / name).stat().st_size
+        entry["sha256"] = file_sha256(folder / name)
+    manifest["version"] = content_version(manifest["files"])
+    manifest.update(changes)
+    work = folder / (MANIFEST + ".tmp")
+    work.write_text(json.dumps(manifest, indent=2))
+    work.rename(folder / MANIFEST)
+    return str(manifest["version"])
+
+
+def publish_copy(repo: Path, name: str) -> Path:
+    """A copy of model ``name`` beside the repository, to change before it replaces the served folder."""
+    copy = repo.parent / f"{name}.next"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(repo / name, copy)
+    return copy
+
+
+@pytest.fixture
+def repo(tiny_models: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "models"
+    out.mkdir()
+    for name in (*SERVED, "bert-tagger"):
+        shutil.copytree(tiny_models / name, out / name, ignore=shutil.ignore_patterns(".work"))
+    return out
+
+
+def control_server(repo: Path, **settings: Any) -> LiveServer:
+    port = free_port()
+    values: dict[str, Any] = {
+        "MODEL_REPOSITORY": repo,
+        "SERVED_MODELS": list(SERVED),
+        "MODEL_CONTROL_MODE": "explicit",
+        "CACHE_ENABLED": False,
+        "GRPC_PORT": port,
+    }
+    server = LiveServer(Settings(**{**values, **settings}))
+    server.grpc_url = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return server
+
+
+def classify_v2(client: thttp.InferenceServerClient, text: str) -> thttp.InferResult:
+    tensor = thttp.InferInput("text", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    return client.infer("bert-classifier", [tensor])
+
+
+# --- every control call, through tritonclient on both transports -----------------------------------
+
+
+def test_tritonclient_loads_reloads_and_unloads_on_both_transports(repo: Path) -> None:
+    with control_server(repo) as server:
+        http = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        grpc_client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["bert-classifier"]["state"] == "READY" and index["gpt"]["state"] == "READY"
+        assert (index["bert-tagger"]["state"], index["bert-tagger"]["reason"]) == ("UNAVAILABLE", "unloaded")
+        assert not http.is_model_ready("bert-tagger")
+
+        http.load_model("bert-tagger")  # HTTP
+        assert http.is_model_ready("bert-tagger") and grpc_client.is_model_ready("bert-tagger")
+        r = httpx.post(
+            f"{server.url}/v1/extract",
+            json={"task": "entities", "text": "Ada Lovelace lived in London."},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+
+        grpc_client.unload_model("bert-tagger")  # gRPC
+        assert not http.is_model_ready("bert-tagger")
+        r = httpx.post(
+            f"{server.url}/v1/extract",
+            json={"task": "entities", "text": "Ada", "model": "bert-tagger"},
+            timeout=60,
+        )
+        assert r.status_code == 404
+        grpc_client.load_model("bert-tagger")
+        assert grpc_client.is_model_ready("bert-tagger")
+        states = {m.name: m.state for m in grpc_client.get_model_repository_index().models}
+        assert states == {"bert-classifier": "READY", "gpt": "READY", "bert-tagger": "READY"}
+
+        before = http.get_model_metadata("bert-classifier")["versions"]
+        new = republish(repo / "bert-classifier")
+        http.load_model("bert-classifier")  # a reload: the folder's new version
+        assert http.get_model_metadata("bert-classifier")["versions"] == [new] != before
+        assert classify_v2(http, "a fine film").get_response()["model_version"] == new
+
+        http.load_model("bert-classifier")  # loading what serves reloads it: still that version, READY
+        assert http.is_model_ready("bert-classifier")
+        assert metric(server.url, "tserve_model_loads_total", result="loaded") == 4
+        assert metric(server.url, "tserve_model_state", model="bert-classifier", version=new) == 1
+        http.close()
+        grpc_client.close()
+
+
+# --- a reload under load: nothing lost, the version switches, nothing runs on freed sessions -------
+
+
+def test_a_reload_under_a_closed_loop_of_8_clients_loses_nothing(repo: Path) -> None:
+    with control_server(repo, MAX_QUEUE_DELAY_MS=2) as server:
+        core = server.app.state.inference
+        old_classifier = core.registry.pipelines["bert-classifier"]
+        old_gpt = core.registry.pipelines["gpt"]
+        statuses: list[int] = []
+        versions: dict[str, list[str]] = {"rest": [], "v2": [], "stream": []}
+        stop = threading.Event()
+
+        def rest_client() -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                while not stop.is_set():
+                    r = c.post("/v1/classify", json={"texts": ["a fine film", "dull"]})
+                    statuses.append(r.status_code)
+                    if r.status_code == 200:
+                        versions["rest"].append(r.json()["model_version"])
+
+        def v2_client() -> None:
+            client = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=60)
+            while not stop.is_set():
+                try:
+                    versions["v2"].append(
+                        classify_v2(client, "a wonderful film").get_response()["model_version"]
+                    )
+                    statuses.append(200)
+                except InferenceServerException as exc:
+                    statuses.append(int(exc.status() or 0) if str(exc.status() or "").isdigit() else 500)
+            client.close()
+
+        def stream_client() -> None:
+            body = {"prompt": "ROMEO:", "max_new_tokens": 24, "temperature": 0, "stream": True}
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                while not stop.is_set():
+                    with c.stream("POST", "/v1/generate", json=body) as r:
+                        lines = [line for line in r.iter_lines() if line.startswith("data:")]
+                    ok = r.status_code == 200 and not any('"error"' in line for line in lines)
+                    statuses.append(200 if ok else r.status_code or 500)
+                    done = [json.loads(line[5:]) for line in lines if '"model_version"' in line]
+                    if done:
+                        versions["stream"].append(done[-1]["model_version"])
+
+        clients = [rest_client] * 3 + [v2_client] * 3 + [stream_client] * 2
+        threads = [threading.Thread(target=fn, daemon=True) for fn in clients]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        new_classifier = republish(repo / "bert-classifier")
+        new_gpt = republish(repo / "gpt")
+        admin = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        admin.load_model("bert-classifier")
+        admin.load_model("gpt")
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        admin.close()
+
+        assert statuses and set(statuses) == {200}, f"non-200 answers: {sorted(set(statuses) - {200})}"
+        for door in ("rest", "v2"):
+            seen = versions[door]
+            assert new_classifier in seen and seen[0] != new_classifier, door
+            switched = seen.index(new_classifier)
+            assert set(seen[switched:]) == {new_classifier}, f"{door}: an answer went back to the old version"
+        assert versions["stream"] and versions["stream"][-1] == new_gpt
+        olds = [old_classifier, old_gpt]
+        assert eventually(lambda: all(g.freed for old in olds for g in old.model.graphs.values()))
+        assert core.registry.pipelines["bert-classifier"].model.version == new_classifier
+
+
+def eventually(condition: Any, timeout_s: float = 30) -> bool:
+    """Whether ``condition()`` turns true within ``timeout_s`` (the server works in its own thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# --- a load that fails leaves the serving version serving -------------------------------------------
+
+
+def _missing_file(folder: Path) -> str:
+    (folder / "tokenizer.json").unlink()
+    return "tokenizer.json is listed in the manifest but missing"
+
+
+def _hash_differs(folder: Path) -> str:
+    with (folder / "tokenizer.json").open("a") as f:
+        f.write(" ")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"]["tokenizer.json"]["bytes"] += 1  # the size agrees, the hash does not
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return "tokenizer.json does not match its sha256 in the manifest"
+
+
+def _graph_lacks_the_inputs(folder: Path) -> str:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["graphs"]["model"]["inputs"][0]["name"] = "not_an_input"
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return "the manifest says"
+
+
+def _onnx_runtime_refuses(folder: Path) -> str:
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name in manifest["files"]:
+        if name.endswith(".onnx"):
+            (folder / name).write_bytes(b"not an onnx graph")
+    rewrite_manifest(folder)
+    return "ONNX Runtime cannot load"
+
+
+@pytest.mark.parametrize(
+    "damage", [_missing_file, _hash_differs, _graph_lacks_the_inputs, _onnx_runtime_refuses]
+)
+def test_a_failed_load_names_the_reason_and_the_old_version_serves_on(repo: Path, damage: Any) -> None:
+    with control_server(repo) as server:
+        http = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        serving = http.get_model_metadata("bert-classifier")["versions"]
+        reason = damage(repo / "bert-classifier")
+        with pytest.raises(InferenceServerException, match="failed to load 'bert-classifier'") as caught:
+            http.load_model("bert-classifier")
+        assert reason in str(caught.value) and str(repo) not in str(caught.value)
+        assert http.is_model_ready("bert-classifier")
+        assert http.get_model_metadata("bert-classifier")["versions"] == serving
+        assert classify_v2(http, "still served").get_response()["model_version"] == serving[0]
+        index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+        assert index["bert-classifier"] == "READY"
+        assert metric(server.url, "tserve_model_loads_total", result="failed") == 1
+        http.close()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["..", "../escaped", "%2e%2e%2Fescaped", "..%2Fescaped", "a/../../escaped", ".hidden", "x.partial"],
+)
+def test_a_name_outside_the_repository_is_refused_and_nothing_is_read(repo: Path, name: str) -> None:
+    shutil.copytree(repo / "bert-tagger", repo.parent / "escaped")  # a valid model, beside the repository
+    with control_server(repo) as server:
+        r = httpx.post(f"{server.url}/v2/repository/models/{name}/load", timeout=30)
+        assert r.status_code in (400, 404), r.text
+        assert set(r.json()) == {"error"}
+        grpc_client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+        with pytest.raises(InferenceServerException, match=r"not a model name|no such folder"):
+            grpc_client.load_model(name)
+        grpc_client.close()
+        names = {m["name"] for m in httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()}
+        assert names == {"bert-classifier", "gpt", "bert-tagger"}
+        assert set(server.app.state.inference.registry.pipelines) == set(SERVED)
+
+
+def test_a_link_out_of_the_repository_is_refused(repo: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(repo / "bert-tagger", elsewhere)
+    (repo / "sneaky").symlink_to(elsewhere)
+    with control_server(repo) as server:
+        r = httpx.post(f"{server.url}/v2/repository/models/sneaky/load", timeout=30)
+        assert r.status_code == 400 and "outside the model repository" in r.json()["error"]
+
+
+# --- who may change the repository --------------------------------------------------------------------
+
+
+def test_control_needs_an_admin_key_and_an_api_key_is_not_one(repo: Path) -> None:
+    with control_server(repo, API_KEYS=["user-key"], ADMIN_API_KEYS=[ADMIN]) as server:
+        url = f"{server.url}/v2/repository/models/bert-tagger/load"
+        assert httpx.post(url, timeout=30).status_code == 401  # no key at all: the API key rule
+        user = httpx.post(url, headers={"Authorization": "Bearer user-key"}, timeout=30)
+        assert user.status_code == 403 and "ADMIN_API_KEYS" in user.json()["error"]
+        assert httpx.post(url, headers={"X-API-Key": ADMIN}, timeout=60).status_code == 200
+        grpc_client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+        with pytest.raises(InferenceServerException, match="ADMIN_API_KEYS"):
+            grpc_client.unload_model("bert-tagger", headers={"authorization": "Bearer user-key"})
+        grpc_client.unload_model("bert-tagger", headers={"authorization": f"Bearer {ADMIN}"})
+        grpc_client.close()
+        index = httpx.post(f"{server.url}/v2/repository/index", headers={"X-API-Key": "user-key"}, timeout=30)
+        assert {m["name"]: m["state"] for m in index.json()}["bert-tagger"] == "UNAVAILABLE"
+
+
+def test_without_admin_keys_control_is_refused_beyond_loopback(repo: Path) -> None:
+    from service.api.http.auth import ControlAccess
+
+    open_here = ControlAccess([], loopback_only=True)
+    open_here.check(b"")  # no exception: a loopback-only service takes control calls
+    beyond = ControlAccess([], loopback_only=False)
+    with pytest.raises(Exception, match="ADMIN_API_KEYS when the service listens beyond loopback"):
+        beyond.check(b"anything")
+    assert "refused" in beyond.describe() and "open to callers on this host" in open_here.describe()
+
+
+def test_control_is_off_by_default_and_refused_in_poll_mode(repo: Path) -> None:
+    with control_server(repo, MODEL_CONTROL_MODE="none") as server:
+        r = httpx.post(f"{server.url}/v2/repository/models/bert-tagger/load", timeout=30)
+        assert r.status_code == 404 and "MODEL_CONTROL_MODE=none" in r.json()["error"]
+        grpc_client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+        with pytest.raises(InferenceServerException) as caught:
+            grpc_client.load_model("bert-tagger")
+        assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+        grpc_client.close()
+    with control_server(repo, MODEL_CONTROL_MODE="poll", MODEL_REPOSITORY_POLL_S=60) as server:
+        r = httpx.post(f"{server.url}/v2/repository/models/bert-tagger/load", timeout=30)
+        assert r.status_code == 403 and "poll" in r.json()["error"]
+
+
+# --- poll mode ----------------------------------------------------------------------------------------
+
+
+def test_poll_mode_rolls_out_a_published_version_and_unloads_a_removed_folder(repo: Path) -> None:
+    with control_server(repo, MODEL_CONTROL_MODE="poll", MODEL_REPOSITORY_POLL_S=0.2) as server:
+        http = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        old = http.get_model_metadata("bert-classifier")["versions"]
+        # publish as the exporter does: built beside the repository, then renamed into place
+        copy = publish_copy(repo, "bert-classifier")
+        new = republish(copy)
+        shutil.rmtree(repo / "bert-classifier")
+        copy.rename(repo / "bert-classifier")
+        assert eventually(lambda: http.get_model_metadata("bert-classifier")["versions"] == [new])
+        assert new != old[0]
+        assert classify_v2(http, "a fine film").get_response()["model_version"] == new
+        shutil.rmtree(repo / "gpt")
+        assert eventually(lambda: not http.is_model_ready("gpt"))
+        http.close()
