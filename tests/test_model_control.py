@@ -363,3 +363,33 @@ def test_poll_mode_rolls_out_a_published_version_and_unloads_a_removed_folder(re
         shutil.rmtree(repo / "gpt")
         assert eventually(lambda: not http.is_model_ready("gpt"))
         http.close()
+
+
+# --- the response cache after a switch, shared by two replicas ------------------------------------------
+
+
+def test_after_a_switch_no_replica_answers_from_an_older_versions_cache(repo: Path, redis_url: str) -> None:
+    """Two replicas on one Redis and one repository: replica A reloads a new version while B still serves
+    the old one and fills the cache with it. A never answers with the old version's entries; once B
+    reloads too, it may answer from what A stored, which is the new version's."""
+    shared = {"CACHE_ENABLED": True, "REDIS_URL": redis_url, "CACHE_KEY_PREFIX": "switch-test"}
+    body = {"texts": ["a fine film", "a dull one"]}
+    with control_server(repo, **shared) as a, control_server(repo, **shared) as b:
+        old = httpx.post(f"{b.url}/v1/classify", json=body, timeout=60).json()
+        assert httpx.post(f"{a.url}/v1/classify", json=body, timeout=60).json()["cached"] is True
+        new = republish(repo / "bert-classifier")
+        assert (
+            httpx.post(f"{a.url}/v2/repository/models/bert-classifier/load", timeout=120).status_code == 200
+        )
+        after = httpx.post(f"{a.url}/v1/classify", json=body, timeout=60).json()
+        assert (after["model_version"], after["cached"]) == (new, False)
+        assert (
+            httpx.post(f"{b.url}/v1/classify", json=body, timeout=60).json()["model_version"]
+            == old["model_version"]
+        )
+        assert httpx.post(f"{a.url}/v1/classify", json=body, timeout=60).json()["model_version"] == new
+        assert (
+            httpx.post(f"{b.url}/v2/repository/models/bert-classifier/load", timeout=120).status_code == 200
+        )
+        again = httpx.post(f"{b.url}/v1/classify", json=body, timeout=60).json()
+        assert (again["model_version"], again["cached"]) == (new, True)  # A's entry, of the new version

@@ -118,10 +118,10 @@ class Balancer:
 
 
 class Cluster:
-    def __init__(self, models: Path, workdir: Path) -> None:
+    def __init__(self, models: Path, workdir: Path, **settings: str) -> None:
         self.redis = RedisServer(workdir)
         self.redis.start()
-        env = _replica_env(models, self.redis.url)
+        env = {**_replica_env(models, self.redis.url), **settings}
         self.replicas = [
             ServiceProcess(env, log_path=workdir / f"api{i + 1}.log", stop_grace_s=40) for i in range(2)
         ]
@@ -352,3 +352,84 @@ def test_a_killed_replica_loses_no_request_cuts_its_streams_cleanly_and_rejoins(
         answers = [http.post("/v1/classify", json={"text": f"rejoined {i}"}) for i in range(20)]
     assert [a.status_code for a in answers] == [200] * 20
     assert any(_served_by(a) == "api2" for a in answers), "the restarted replica serves no request"
+
+
+# --- a new version published to the shared repository, rolled out by each replica's poll -------------
+
+
+def _rollout_load(url: str, stop: threading.Event, seen: list[tuple[str, str, str, int]]) -> None:
+    """One client of the rollout: classify and stream in turn until ``stop``; each answer as (replica,
+    model, version, status), a stream's version read from its last event."""
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as http:
+        turn = 0
+        while not stop.is_set():
+            turn += 1
+            if turn % 2:
+                r = http.post("/v1/classify", json={"text": f"rollout {turn}: a fine film"})
+                version = r.json().get("model_version", "") if r.status_code == 200 else ""
+                seen.append((_served_by(r), "bert-classifier", version, r.status_code))
+                continue
+            body = {"prompt": "KING:", "max_new_tokens": 12, "temperature": 0, "stream": True}
+            with http.stream("POST", "/v1/generate", json=body) as r:
+                events = [line[5:] for line in r.iter_lines() if line.startswith("data:")]
+            broken = any('"error"' in e for e in events)
+            versions = [json.loads(e).get("model_version", "") for e in events if '"model_version"' in e]
+            status = 500 if broken else r.status_code
+            seen.append((_served_by(r), "gpt", versions[-1] if versions else "", status))
+
+
+def test_replicas_polling_one_repository_roll_out_a_new_version_with_nothing_lost(
+    tiny_models: Path, tmp_path: Path
+) -> None:
+    from test_model_control import publish_copy, republish
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("gpt", "bert-classifier"):
+        shutil.copytree(tiny_models / name, models / name, ignore=shutil.ignore_patterns(".work"))
+    cluster = Cluster(
+        models, tmp_path, MODEL_CONTROL_MODE="poll", MODEL_REPOSITORY_POLL_S="0.3", CACHE_ENABLED="false"
+    )
+    try:
+        cluster.start()
+        assert cluster.balancer is not None
+        stop, seen = threading.Event(), []  # type: ignore[var-annotated]
+        threads = [
+            threading.Thread(target=_rollout_load, args=(cluster.balancer.url, stop, seen), daemon=True)
+            for _ in range(8)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        new = {}
+        for name in ("bert-classifier", "gpt"):  # published as the exporter does: beside, then renamed in
+            copy = publish_copy(models, name)
+            new[name] = republish(copy)
+            shutil.rmtree(models / name)
+            copy.rename(models / name)
+
+        def on_new(replica: ServiceProcess) -> bool:
+            listed = httpx.get(f"{replica.url}/v1/models", timeout=10).json()["data"]
+            return {m["name"]: m.get("version") for m in listed} == new
+
+        deadline = time.monotonic() + 120
+        while not all(on_new(r) for r in cluster.replicas) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)  # answers from the new versions on both replicas
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        assert all(on_new(r) for r in cluster.replicas), "a replica did not roll to the new versions"
+        statuses = Counter(status for *_, status in seen)
+        print(f"\nrollout under load: {dict(statuses)} over {len(seen)} answers")
+        assert statuses == Counter({200: len(seen)}), f"answers other than 200: {dict(statuses)}"
+        for replica in ("api1", "api2"):
+            for model in ("bert-classifier", "gpt"):
+                versions = [v for r, m, v, _ in seen if (r, m) == (replica, model)]
+                assert new[model] in versions, (replica, model)
+                first_new = versions.index(new[model])
+                assert set(versions[first_new:]) == {new[model]}, (
+                    f"{replica} {model} went back to the old version"
+                )
+    finally:
+        cluster.close()
