@@ -23,6 +23,7 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 from .data import resolve_data_dir
 from .machine import describe as describe_machine
 from .profiles import MODEL_NAMES, PROFILES, TranslatorRecipe, recipe_for
+from .publish import STAGING, PublishError, clear_staging, next_version, publish_version
 
 log = logging.getLogger("model_export")
 
@@ -89,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
             type=float,
             help="wall-clock guard for the whole build: models stop early, marked under-trained, when it runs out",
         )
+        if command in ("all", "export"):
+            p.add_argument(
+                "--publish-version",
+                action="store_true",
+                help="build beside the repository and publish each model as its next numbered version "
+                "folder (<out>/<name>/<N>) with one rename, leaving the versions there untouched "
+                "(model_export/publish.py)",
+            )
         p.add_argument(
             "--device",
             default="cpu",
@@ -142,8 +151,17 @@ def _contexts(args: argparse.Namespace) -> list[Any]:
         if args.probe_points is not None:
             recipe = dataclasses.replace(recipe, probe_points=args.probe_points)
         init_from = Path(args.init_from) if args.init_from else None
+        stage = None
+        if getattr(args, "publish_version", False):
+            try:
+                next_version(Path(args.out) / name)  # refused before the build, not after it
+            except PublishError as exc:
+                raise SystemExit(f"--publish-version: {exc}") from exc
+            stage = clear_staging(Path(args.out), name)
         contexts.append(
-            BuildContext(name, data_dir, Path(args.out), args.profile, recipe, args.seed, init_from)
+            BuildContext(
+                name, data_dir, Path(args.out), args.profile, recipe, args.seed, init_from, stage_dir=stage
+            )
         )
     return contexts
 
@@ -263,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter() - start,
         )
 
+    models_dir = Path(args.out) / STAGING if getattr(args, "publish_version", False) else Path(args.out)
     if args.command == "all" and built:
         limits = {ctx.name: ctx.recipe.eval_limit for ctx in built}
         beam = max((c.recipe.beam_size for c in built if isinstance(c.recipe, TranslatorRecipe)), default=1)
@@ -270,17 +289,20 @@ def main(argv: list[str] | None = None) -> int:
         for ctx in built:
             # The variants stage evaluates the reference graphs beside its own (and stamps the figures
             # with the version that lists the variants): evaluated here only where it does not run.
-            if args.no_variants or not _variants(Path(args.out), ctx, beam):
-                figures |= _evaluate(Path(args.out), [ctx.name], ctx.data_dir, "validation", limits, beam)
+            if args.no_variants or not _variants(models_dir, ctx, beam):
+                figures |= _evaluate(models_dir, [ctx.name], ctx.data_dir, "validation", limits, beam)
             else:
-                manifest = json.loads((Path(args.out) / ctx.name / "manifest.json").read_text())
+                manifest = json.loads((models_dir / ctx.name / "manifest.json").read_text())
                 figures[ctx.name] = manifest["validation"]["validation"]
         budgets = {ctx.name: recipe_for(ctx.profile, ctx.name).train.steps for ctx in built}
         for name, figure in figures.items():
-            _mark_final(Path(args.out) / name, figure, budgets[name])
+            _mark_final(models_dir / name, figure, budgets[name])
         summary = Path(args.out) / "evaluation.json"
         previous = json.loads(summary.read_text()) if summary.is_file() else {}
         _write_json(str(summary), {**previous, **figures})  # a partial rebuild keeps the others' figures
+    if getattr(args, "publish_version", False):
+        for ctx in built:
+            publish_version(models_dir / ctx.name, Path(args.out) / ctx.name)
     log.info("%s finished in %.1f minutes", args.command, (time.perf_counter() - start) / 60)
     return 0
 

@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         "loaded, reloaded or unloaded. A reload never stops serving: the new version warms up beside the "
         "old, which finishes its requests",
     )
+    model_version_policy: dict[str, dict[str, Any]] = Field(
+        default={},
+        description="Version policies by model name, over each model's config.json: JSON such as "
+        '{"gpt": {"latest": {"num_versions": 2}}}, {"specific": {"versions": [1, 3]}} or {"all": {}}; '
+        "a model without one serves its newest version folder",
+    )
     model_repository_poll_s: float = Field(
         default=5.0, gt=0, description="MODEL_CONTROL_MODE=poll: seconds between two scans of the repository"
     )

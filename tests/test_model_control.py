@@ -393,3 +393,76 @@ def test_after_a_switch_no_replica_answers_from_an_older_versions_cache(repo: Pa
         )
         again = httpx.post(f"{b.url}/v1/classify", json=body, timeout=60).json()
         assert (again["model_version"], again["cached"]) == (new, True)  # A's entry, of the new version
+
+
+# --- versions side by side ----------------------------------------------------------------------------
+
+
+def versioned(repo: Path, name: str, count: int, policy: dict[str, Any] | None = None) -> list[str]:
+    """Turn the flat folder of model ``name`` into numbered version folders 1..count, each a new version
+    (as rebuilds are); returns their versions, oldest first."""
+    flat = repo.parent / f"{name}.flat"
+    (repo / name).rename(flat)
+    (repo / name).mkdir()
+    versions = []
+    for n in range(1, count + 1):
+        shutil.copytree(flat, repo / name / str(n))
+        versions.append(republish(repo / name / str(n)) if n > 1 else rewrite_manifest(repo / name / str(n)))
+    if policy is not None:
+        (repo / name / "config.json").write_text(json.dumps({"version_policy": policy}))
+    return versions
+
+
+def test_versions_serve_side_by_side_and_a_request_may_name_one(repo: Path) -> None:
+    v1, v2 = versioned(repo, "bert-classifier", 2, {"latest": {"num_versions": 2}})
+    with control_server(repo) as server:
+        http = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        assert http.get_model_metadata("bert-classifier")["versions"] == ["2", "1"]
+        assert classify_v2(http, "newest").get_response()["model_version"] == v2
+        tensor = thttp.InferInput("text", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"pinned"], dtype=object))
+        for label, version in (("1", v1), ("2", v2), (v1, v1)):
+            pinned = http.infer("bert-classifier", [tensor], model_version=label).get_response()
+            assert pinned["model_version"] == version
+        with pytest.raises(InferenceServerException, match=r"version .9. is not found.*2, 1"):
+            http.infer("bert-classifier", [tensor], model_version="9")
+        rest = httpx.post(
+            f"{server.url}/v1/classify",
+            json={"text": "a fine film", "model": "bert-classifier@1"},
+            timeout=60,
+        )
+        assert rest.status_code == 200 and rest.json()["model_version"] == v1
+        unknown = httpx.post(
+            f"{server.url}/v1/classify",
+            json={"text": "a fine film", "model": "bert-classifier@7"},
+            timeout=60,
+        )
+        assert unknown.status_code == 404 and "2, 1" in unknown.json()["error"]["message"]
+
+        # rollback: the policy names version 1 only, and a load applies it
+        (repo / "bert-classifier" / "config.json").write_text(
+            json.dumps({"version_policy": {"specific": {"versions": [1]}}})
+        )
+        http.load_model("bert-classifier")
+        assert http.get_model_metadata("bert-classifier")["versions"] == ["1"]
+        assert classify_v2(http, "rolled back").get_response()["model_version"] == v1
+        http.close()
+
+
+def test_poll_mode_serves_a_version_published_by_the_exporter(repo: Path) -> None:
+    from model_export.publish import clear_staging, publish_version
+
+    v1, v2 = versioned(repo, "bert-classifier", 2, {"latest": {"num_versions": 2}})
+    with control_server(repo, MODEL_CONTROL_MODE="poll", MODEL_REPOSITORY_POLL_S=0.2) as server:
+        core = server.app.state.inference
+        first = next(p for p in core.registry.versions["bert-classifier"] if p.model.label == "1")
+        stage = clear_staging(repo, "bert-classifier") / "bert-classifier"
+        shutil.copytree(repo / "bert-classifier" / "2", stage)
+        v3 = republish(stage)
+        assert publish_version(stage, repo / "bert-classifier").name == "3"
+        http = thttp.InferenceServerClient(server.url.removeprefix("http://"), network_timeout=120)
+        assert eventually(lambda: http.get_model_metadata("bert-classifier")["versions"] == ["3", "2"])
+        assert classify_v2(http, "newest").get_response()["model_version"] == v3
+        assert eventually(lambda: all(g.freed for g in first.model.graphs.values()))  # version 1 retired
+        assert v1 != v2 != v3
+        http.close()

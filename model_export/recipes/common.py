@@ -30,10 +30,11 @@ class BuildContext(Generic[R]):
     seed: int = 0
     init_from: Path | None = None
     device: str = "cpu"
+    stage_dir: Path | None = None  # --publish-version: the model is built here, then published
 
     @property
     def model_dir(self) -> Path:
-        return self.out_dir / self.name
+        return (self.stage_dir or self.out_dir) / self.name
 
     @property
     def work_dir(self) -> Path:

@@ -11,8 +11,10 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from tokenizers import Tokenizer
@@ -28,6 +30,7 @@ from .manifest import (
 )
 from .runtime import Graph, RuntimeOptions, expected_device
 from .variants import ServedVariant, ServingDevice, choose_variant
+from .versions import VersionFolder, VersionPolicyError, policy_of, version_folders
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class LoadedModel:
     inplace: dict[str, Graph] = field(default_factory=dict)
     # attention.onnx (the manifest's attention_maps), on CPU, run only for requests with return_attention
     attention: Graph | None = None
+    label: str = ""  # its version folder's number (models/<name>/<label>/); "" for a flat model folder
 
     @property
     def task(self) -> str:
@@ -155,7 +159,14 @@ def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
     return "cuda" if all(g.on_cuda for g in graphs.values()) else "cpu"
 
 
-def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = True) -> LoadedModel:
+def load_model(
+    model_dir: Path, options: RuntimeOptions, check_hashes: bool = True, version: VersionFolder | None = None
+) -> LoadedModel:
+    """The model in ``model_dir``; with ``version``, the version folder ``version.path`` of the model folder
+    ``model_dir`` (whose name the manifest must bear)."""
+    name_dir = model_dir
+    if version is not None and version.label:
+        model_dir = version.path
     manifest = read_manifest(model_dir)
     verify_files(model_dir, manifest, check_hashes)
     device = expected_device(options)
@@ -187,10 +198,40 @@ def load_model(model_dir: Path, options: RuntimeOptions, check_hashes: bool = Tr
             tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         except Exception as exc:
             raise ModelLoadError(f"tokenizer.json cannot be read: {exc}") from exc
-    name = manifest.name or model_dir.name
-    if name != model_dir.name:
-        raise ModelLoadError(f"manifest name {name!r} differs from the folder name {model_dir.name!r}")
-    return LoadedModel(name, model_dir, manifest, graphs, tokenizer, variant, inplace, attention=attention)
+    name = manifest.name or name_dir.name
+    if name != name_dir.name:
+        raise ModelLoadError(f"manifest name {name!r} differs from the folder name {name_dir.name!r}")
+    label = version.label if version is not None else ""
+    return LoadedModel(
+        name, model_dir, manifest, graphs, tokenizer, variant, inplace, attention=attention, label=label
+    )
+
+
+def load_versions(
+    model_dir: Path, options: RuntimeOptions, check_hashes: bool = True, policy: Any = None
+) -> list[LoadedModel]:
+    """Every version of the model folder that its policy serves (``versions.py``), newest first; the first
+    that fails raises ``ModelLoadError`` naming its version, and the others are freed."""
+    try:
+        chosen = policy_of(model_dir, policy).choose(version_folders(model_dir))
+    except VersionPolicyError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if not chosen:
+        raise ModelLoadError(f"no {MANIFEST}, and no numbered version folder that its version policy serves")
+    loaded: list[LoadedModel] = []
+    try:
+        for version in chosen:
+            try:
+                loaded.append(load_model(model_dir, options, check_hashes, version))
+            except ModelLoadError as exc:
+                raise ModelLoadError(
+                    f"version {version.label}: {exc}" if version.label else str(exc)
+                ) from exc
+    except ModelLoadError:
+        for model in loaded:
+            model.free()
+        raise
+    return loaded
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/:,()]+/)+([^\s'\"/:,()]+)")
@@ -208,15 +249,20 @@ def without_paths(reason: str, root: Path | None = None) -> str:
 
 
 def load_repository(
-    root: Path, options: RuntimeOptions, only: list[str] | None = None, check_hashes: bool = True
-) -> tuple[dict[str, LoadedModel], dict[str, str]]:
-    """Every model folder under root (or only those named) -> (loaded models by name, refusal reasons).
+    root: Path,
+    options: RuntimeOptions,
+    only: list[str] | None = None,
+    check_hashes: bool = True,
+    policies: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, list[LoadedModel]], dict[str, str]]:
+    """Every model folder under root (or only those named) -> (each model's served versions, newest first,
+    by name; refusal reasons). ``policies``: version policies by model name (MODEL_VERSION_POLICY).
 
     ``only`` (SERVED_MODELS) names the folders to load; a name without a folder is refused with the
     others' reasons, so a pod told to serve a model it does not have says so (and is not ready when that
     was its only model).
     """
-    loaded: dict[str, LoadedModel] = {}
+    loaded: dict[str, list[LoadedModel]] = {}
     failed: dict[str, str] = {}
     if not root.is_dir():
         log.error("model repository %s does not exist", root)
@@ -229,11 +275,20 @@ def load_repository(
         if model_dir.name.endswith(".partial") or (only is not None and model_dir.name not in only):
             continue
         try:
-            model = load_model(model_dir, options, check_hashes)
+            versions = load_versions(model_dir, options, check_hashes, (policies or {}).get(model_dir.name))
         except ModelLoadError as exc:
             log.error("refusing model folder %s: %s", model_dir, exc)
             failed[model_dir.name] = without_paths(str(exc), root)
             continue
-        loaded[model.name] = model
-        log.info("loaded %s (%s, version %s) on %s", model.name, model.task, model.version, model.provider)
+        loaded[model_dir.name] = versions
+        for model in versions:
+            label = f" {model.label}" if model.label else ""
+            log.info(
+                "loaded %s%s (%s, version %s) on %s",
+                model.name,
+                label,
+                model.task,
+                model.version,
+                model.provider,
+            )
     return loaded, failed

@@ -9,13 +9,16 @@ separator, no ``..``, no link out of it, whatever a client sends.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.engine.manifest import MANIFEST
 from service.engine.repository import ModelLoadError, load_model, load_repository, without_paths
 from service.engine.runtime import RuntimeOptions
+from service.engine.versions import VersionFolder, VersionPolicyError, policy_of, version_folders
 from service.errors import InvalidInputError, ModelLoadFailedError
 from service.metrics import Metrics
 from service.pipelines.base import ModelPipeline
@@ -79,30 +82,76 @@ class Loader:
     async def startup(self, only: list[str] | None) -> ModelRegistry:
         """Every folder (or those ``only`` names), loaded off the event loop; a broken one is refused."""
         loaded, refused = await asyncio.to_thread(
-            load_repository, self.root, runtime_options(self.settings), only=only
+            load_repository,
+            self.root,
+            runtime_options(self.settings),
+            only=only,
+            policies=self.settings.model_version_policy,
         )
         pipelines: list[ModelPipeline] = []
-        for name, model in loaded.items():
+        for name, versions in loaded.items():
             try:
-                pipelines.append(build_pipeline(model, self.settings, self.metrics))
+                pipelines += [build_pipeline(model, self.settings, self.metrics) for model in versions]
             except Exception as exc:  # a manifest the loader accepted but a pipeline cannot use
                 log.error("refusing model %s: %r", name, exc)
                 refused[name] = f"cannot serve: {exc!r}"
         return ModelRegistry(pipelines, refused)
 
-    async def build(self, name: str) -> ModelPipeline:
-        """Model ``name``'s pipeline, not yet started: every check of start-up, and ``ModelLoadFailedError``
-        naming the first that fails."""
+    async def build(
+        self, name: str, keep: list[ModelPipeline]
+    ) -> tuple[list[ModelPipeline], list[ModelPipeline]]:
+        """The pipelines of every version of model ``name`` that its policy serves, and those of them built
+        now (not yet started): a pipeline of ``keep`` whose version folder and files are unchanged is
+        reused. Every check of start-up applies; ``ModelLoadFailedError`` names the first that fails."""
         folder = self.folder(name)
         if not folder.is_dir():
             raise ModelLoadFailedError(name, "the model repository has no such folder")
         try:
-            model = await asyncio.to_thread(load_model, folder, runtime_options(self.settings))
+            chosen = policy_of(folder, self.settings.model_version_policy.get(name)).choose(
+                version_folders(folder)
+            )
+        except VersionPolicyError as exc:
+            raise ModelLoadFailedError(name, str(exc)) from exc
+        if not chosen:
+            raise ModelLoadFailedError(
+                name, "no manifest.json, and no numbered version folder its policy serves"
+            )
+        versions: list[ModelPipeline] = []
+        built: list[ModelPipeline] = []
+        try:
+            for version in chosen:
+                same = _unchanged(keep, version)
+                if same is not None:
+                    versions.append(same)
+                    continue
+                pipeline = await self._build_version(name, folder, version)
+                built.append(pipeline)
+                versions.append(pipeline)
+        except ModelLoadFailedError:
+            for pipeline in built:
+                pipeline.model.free()
+            raise
+        return versions, built
+
+    async def _build_version(self, name: str, folder: Path, version: VersionFolder) -> ModelPipeline:
+        options = runtime_options(self.settings)
+        try:
+            model = await asyncio.to_thread(load_model, folder, options, True, version)
         except ModelLoadError as exc:
-            log.error("cannot load model folder %s: %s", folder, exc)
-            raise ModelLoadFailedError(name, without_paths(str(exc), self.root)) from exc
+            log.error("cannot load model folder %s: %s", version.path, exc)
+            where = f"version {version.label}: " if version.label else ""
+            raise ModelLoadFailedError(name, where + without_paths(str(exc), self.root)) from exc
         try:
             return build_pipeline(model, self.settings, self.metrics)
         except Exception as exc:
             model.free()
             raise ModelLoadFailedError(name, f"cannot serve: {exc!r}") from exc
+
+
+def _unchanged(serving: list[ModelPipeline], version: VersionFolder) -> ModelPipeline | None:
+    """The serving pipeline of ``version`` when its folder's manifest still names the served files."""
+    try:
+        on_disk = json.loads((version.path / MANIFEST).read_text()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((p for p in serving if (p.model.label, p.model.version) == (version.label, on_disk)), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.engine.manifest import Manifest
@@ -21,11 +22,24 @@ class ServedModel:
     loaded: LoadedModel  # read-only: provider, variant, in-place KV cache, folder
     default_for: tuple[str, ...]  # the tasks a request without `model` sends here
     contract: TaskContract  # its task's inputs, outputs and parameters
+    label: str = ""  # its version folder's number ("": a flat model folder, its only version)
+    versions: tuple[str, ...] = ()  # every served version of the model, newest first: number or hash
 
     @classmethod
-    def of(cls, pipeline: ModelPipeline, default_for: list[str]) -> ServedModel:
+    def of(
+        cls, pipeline: ModelPipeline, default_for: list[str], versions: Sequence[ModelPipeline] = ()
+    ) -> ServedModel:
         m = pipeline.model
-        return cls(m.name, m.version, m.task, m.manifest, m, tuple(default_for), pipeline.contract)
+        served = tuple(p.model.label or p.model.version for p in versions) or (m.label or m.version,)
+        return cls(
+            m.name, m.version, m.task, m.manifest, m, tuple(default_for), pipeline.contract, m.label, served
+        )
+
+    @property
+    def ref(self) -> str:
+        """How a core call names exactly this version (``name@version``): the one resolved, even if a newer
+        one is loaded meanwhile."""
+        return f"{self.name}@{self.version}"
 
     @property
     def sizes(self) -> dict[str, int]:

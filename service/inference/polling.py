@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 from service.engine.manifest import MANIFEST
+from service.engine.versions import CONFIG
 from service.errors import ServiceError
 
 from .loading import Loader
@@ -25,7 +25,7 @@ from .service import InferenceService
 
 log = logging.getLogger(__name__)
 
-Fingerprint = tuple[int, int]  # the manifest's (mtime_ns, size)
+Fingerprint = tuple[tuple[str, int, int], ...]  # (file, mtime_ns, size) of each manifest and config.json
 
 
 class RepositoryPoller:
@@ -58,43 +58,39 @@ class RepositoryPoller:
                 log.exception("scanning the model repository failed; the next scan tries again")
 
     def _fingerprint(self, name: str) -> Fingerprint | None:
+        """The stat of the folder's manifest(s) (its own, or each numbered version folder's) and config.json;
+        None while it holds no manifest (being written)."""
+        folder = self.loader.root / name
         try:
-            stat = (self.loader.root / name / MANIFEST).stat()
+            candidates = [folder / MANIFEST, folder / CONFIG]
+            candidates += [sub / MANIFEST for sub in folder.iterdir() if sub.name.isdigit()]
         except OSError:
             return None
-        return stat.st_mtime_ns, stat.st_size
-
-    def _version(self, name: str) -> str | None:
-        """The version the folder's manifest names (None: unreadable now; the load would say why)."""
-        try:
-            version = json.loads((self.loader.root / name / MANIFEST).read_text()).get("version")
-        except (OSError, ValueError, AttributeError):
-            return None
-        return version if isinstance(version, str) else None
+        stats = []
+        for path in sorted(candidates):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            stats.append((str(path.relative_to(folder)), stat.st_mtime_ns, stat.st_size))
+        return tuple(stats) if any(f.endswith(MANIFEST) for f, _, _ in stats) else None
 
     async def scan(self) -> None:
         """One scan: load what is new or changed, unload what is gone."""
         folders = {n for n in self.loader.folders() if self.only is None or n in self.only}
-        served = {p.name: p.model.version for p in self.core.registry.pipelines.values()}
+        served = set(self.core.registry.versions)
         for name in sorted(folders):
             fingerprint = self._fingerprint(name)
             if fingerprint is None or fingerprint == self._seen.get(name):
                 continue  # no manifest yet (being written), or nothing changed since the last read
+            if name in self._seen or name not in served:
+                log.info("%s: the repository's folder changed; loading what changed", name)
             self._seen[name] = fingerprint
-            version = self._version(name)
-            if version is not None and version == served.get(name):
-                continue
-            log.info(
-                "%s: the repository holds %s version %s; loading it",
-                name,
-                "a new" if name not in served else "another",
-                version,
-            )
-            try:
-                await self.core.load(name)
-            except ServiceError as exc:  # the serving version, if any, serves on; logged by the loader
+            try:  # only the versions whose files changed are built (changed_only)
+                await self.core.load(name, changed_only=True)
+            except ServiceError as exc:  # the serving versions, if any, serve on; logged by the loader
                 log.warning("%s: not loaded: %s", name, exc)
-        for name in served.keys() - folders:
+        for name in served - folders:
             self._missing[name] = self._missing.get(name, 0) + 1
             if self._missing[name] >= 2:
                 log.info("%s: its folder is gone from the repository; unloading it", name)

@@ -7,7 +7,12 @@ from typing import TypeVar
 
 from service.context import note_model
 from service.engine.repository import without_paths
-from service.errors import ModelNotFoundError, NoModelForTaskError, TaskMismatchError
+from service.errors import (
+    ModelNotFoundError,
+    ModelVersionNotFoundError,
+    NoModelForTaskError,
+    TaskMismatchError,
+)
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import PIPELINES
 
@@ -18,15 +23,35 @@ P = TypeVar("P", bound=ModelPipeline)
 PREFERRED_DEFAULTS = {task: pipeline.default_model for task, pipeline in PIPELINES.items()}
 
 
+def newest_first(pipelines: Iterable[ModelPipeline]) -> list[ModelPipeline]:
+    """A model's versions, the highest version folder first (a flat folder is its only version)."""
+    return sorted(pipelines, key=lambda p: int(p.model.label or 0), reverse=True)
+
+
 class ModelRegistry:
+    """The served models by name, each with its served versions (``engine/versions.py``): a request that
+    names no version gets the newest; ``name@version`` (a version folder's number, or the content hash
+    that answers carry as ``model_version``) picks one."""
+
     def __init__(self, pipelines: Iterable[ModelPipeline], refused: dict[str, str]) -> None:
-        self.pipelines: dict[str, ModelPipeline] = {
-            p.name: p for p in sorted(pipelines, key=lambda p: p.name)
+        grouped: dict[str, list[ModelPipeline]] = {}
+        for pipeline in pipelines:
+            grouped.setdefault(pipeline.name, []).append(pipeline)
+        self.versions: dict[str, list[ModelPipeline]] = {
+            name: newest_first(versions) for name, versions in sorted(grouped.items())
         }
         # as callers see them (readiness is open by default): no host paths; the log has them whole
         self.refused = {name: without_paths(reason) for name, reason in refused.items()}
         self.defaults: dict[str, str] = {}
         self._choose_defaults()
+
+    @property
+    def pipelines(self) -> dict[str, ModelPipeline]:
+        """Each served model's newest version, by name: what a request without a version gets."""
+        return {name: versions[0] for name, versions in self.versions.items()}
+
+    def all_versions(self) -> list[ModelPipeline]:
+        return [p for versions in self.versions.values() for p in versions]
 
     def _choose_defaults(self) -> None:
         """Each task's preferred model when loaded, else the first loaded model (by name) of the task."""
@@ -34,43 +59,52 @@ class ModelRegistry:
         for pipeline in self.pipelines.values():
             self.defaults.setdefault(pipeline.task, pipeline.name)
         for task, name in PREFERRED_DEFAULTS.items():
-            if name in self.pipelines and self.pipelines[name].task == task:
+            if name in self.versions and self.versions[name][0].task == task:
                 self.defaults[task] = name
 
     def refuse(self, name: str, reason: str) -> None:
         """Take a loaded model out of service (e.g. its warm-up failed)."""
-        self.pipelines.pop(name, None)
+        self.versions.pop(name, None)
         self.refused[name] = without_paths(reason)
         self._choose_defaults()
 
-    def swap(self, pipeline: ModelPipeline) -> ModelPipeline | None:
-        """Serve ``pipeline`` under its name from now on; the pipeline it replaces, if any (still running:
-        requests that resolved it finish on it)."""
-        old = self.pipelines.get(pipeline.name)
-        self.pipelines = dict(sorted({**self.pipelines, pipeline.name: pipeline}.items()))
-        self.refused.pop(pipeline.name, None)
+    def swap(self, name: str, versions: list[ModelPipeline]) -> list[ModelPipeline]:
+        """Serve ``versions`` as model ``name`` from now on; the pipelines they replace (still running:
+        requests that resolved them finish on them)."""
+        old = self.versions.get(name, [])
+        self.versions = dict(sorted({**self.versions, name: newest_first(versions)}.items()))
+        self.refused.pop(name, None)
+        self._choose_defaults()
+        return [p for p in old if all(p is not q for q in versions)]
+
+    def remove(self, name: str) -> list[ModelPipeline]:
+        """Stop serving ``name``; its pipelines (still running for the requests that resolved them)."""
+        self.get(name)
+        old = self.versions.pop(name)
         self._choose_defaults()
         return old
-
-    def remove(self, name: str) -> ModelPipeline:
-        """Stop serving ``name``; its pipeline (still running for the requests that resolved it)."""
-        pipeline = self.get(name)
-        del self.pipelines[name]
-        self._choose_defaults()
-        return pipeline
 
     def default_for(self, name: str) -> list[str]:
         return sorted(task for task, n in self.defaults.items() if n == name)
 
-    def get(self, name: str) -> ModelPipeline:
-        """The loaded model ``name``, whatever its task."""
-        pipeline = self.pipelines.get(name)
-        if pipeline is None:
-            raise ModelNotFoundError(name, list(self.pipelines))
+    def get(self, name: str, version: str | None = None) -> ModelPipeline:
+        """The loaded model ``name`` (or ``name@version``), whatever its task: its newest version, or the
+        one whose folder number or content hash is ``version``."""
+        if version is None and "@" in name:
+            name, version = name.split("@", 1)
+        versions = self.versions.get(name)
+        if versions is None:
+            raise ModelNotFoundError(name, list(self.versions))
         # Request metrics and logs carry the model, also when the request fails later. Only loaded
         # names: a client's arbitrary string must not become a metric label.
         note_model(name)
-        return pipeline
+        if version is None:
+            return versions[0]
+        for pipeline in versions:
+            if version in (pipeline.model.label, pipeline.model.version):
+                return pipeline
+        served = ", ".join(p.model.label or p.model.version for p in versions)
+        raise ModelVersionNotFoundError(name, version, served)
 
     def resolve_task(self, task: str, name: str | None) -> ModelPipeline:
         """The model named ``name`` (default: ``task``'s default model), which must serve ``task``."""
@@ -80,7 +114,7 @@ class ModelRegistry:
             name = self.defaults[task]
         pipeline = self.get(name)
         if pipeline.task != task:
-            raise TaskMismatchError(name, pipeline.task, task)
+            raise TaskMismatchError(pipeline.name, pipeline.task, task)
         return pipeline
 
     def resolve(self, kind: type[P], name: str | None) -> P:

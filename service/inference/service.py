@@ -35,7 +35,6 @@ from service.errors import (
     ControlOffError,
     InvalidInputError,
     ModelLoadFailedError,
-    ModelVersionNotFoundError,
     NotReadyError,
 )
 from service.pipelines import attention as attention_step
@@ -125,7 +124,9 @@ class InferenceService:
         broken folder: the other models serve.
         """
         self._warmup = warmup
-        for pipeline in list(self.registry.pipelines.values()):
+        for pipeline in self.registry.all_versions():
+            if pipeline.name in self.registry.refused:
+                continue  # another version of it failed
             await pipeline.start()
             self._started.append(pipeline)
             if not warmup:
@@ -135,8 +136,9 @@ class InferenceService:
                 await pipeline.warmup()
             except Exception as exc:
                 log.error("refusing model %s: warm-up failed: %r", pipeline.name, exc)
-                await pipeline.stop(timeout_s=1.0)
-                self._started.remove(pipeline)
+                for started in [p for p in self._started if p.name == pipeline.name]:
+                    await started.stop(timeout_s=1.0)
+                    self._started.remove(started)
                 self.registry.refuse(pipeline.name, f"warm-up failed: {exc!r}")
                 continue
             log.info("warmed up %s in %.2fs", pipeline.name, time.perf_counter() - began)
@@ -173,47 +175,57 @@ class InferenceService:
 
     # --- the repository while serving: load (or reload), unload ---------------------------
 
-    async def load(self, name: str) -> ServedModel:
-        """Load model ``name`` from its folder, or reload it when it serves: the new version is built and
-        warmed up beside the serving one, then takes every new request at once; each request that had
-        resolved the old version finishes on it, and the old sessions are freed when the last one ends.
-        A load that fails raises ``ModelLoadFailedError`` and leaves the serving version as it was."""
+    async def load(self, name: str, changed_only: bool = False) -> ServedModel:
+        """Load model ``name`` from its folder, or reload it when it serves: each version its policy serves
+        is built and warmed up beside the serving ones, then they take every new request at once; each
+        request that had resolved a replaced version finishes on it, and its sessions are freed when the
+        last one ends. ``changed_only`` (poll mode) keeps the serving versions whose files are unchanged.
+        A load that fails raises ``ModelLoadFailedError`` and leaves the serving versions as they were."""
         loader = self._control()
         lock = self._loading.setdefault(name, asyncio.Lock())
         async with lock:  # one load of a name at a time; other names load side by side
             began = time.perf_counter()
+            serving = self.registry.versions.get(name, [])
             try:
-                pipeline = await loader.build(name)
-                await self._start(pipeline)
+                versions, built = await loader.build(name, serving if changed_only else [])
+                for index, pipeline in enumerate(built):
+                    try:
+                        await self._start(pipeline)
+                    except ModelLoadFailedError:
+                        for other in built[index + 1 :]:
+                            other.model.free()
+                        for started in built[:index]:
+                            self._retire(started)
+                        raise
             except ModelLoadFailedError:
                 self._observe_load(name, "failed", began)
                 raise
-            old = self.registry.swap(pipeline)
-            self._served(pipeline)
-            self._observe_load(name, "loaded", began)
-            log.info(
-                "%s version %s serves (%s)%s",
-                name,
-                pipeline.model.version,
-                "reloaded" if old is not None else "loaded",
-                f"; version {old.model.version} retires once its requests end" if old is not None else "",
-            )
-            if old is not None:
-                self._retire(old)
-            return ServedModel.of(pipeline, self.registry.default_for(name))
+            if built or len(versions) != len(serving):
+                replaced = self.registry.swap(name, versions)
+                for pipeline in built:
+                    self._served(pipeline)
+                self._observe_load(name, "loaded", began)
+                served = ", ".join(p.model.label or p.model.version for p in versions)
+                log.info("%s serves %s (%d built, %d retiring)", name, served, len(built), len(replaced))
+                for pipeline in replaced:
+                    self._retire(pipeline)
+            return ServedModel.of(versions[0], self.registry.default_for(name), versions)
 
     async def unload(self, name: str) -> None:
         """Stop serving model ``name``: new requests for it get 404; those it already has finish."""
         self._control()
         async with self._loading.setdefault(name, asyncio.Lock()):
-            pipeline = self.registry.remove(name)
-            log.info("%s unloaded; version %s retires once its requests end", name, pipeline.model.version)
-            self._retire(pipeline)
+            for pipeline in self.registry.remove(name):
+                log.info(
+                    "%s unloaded; version %s retires once its requests end", name, pipeline.model.version
+                )
+                self._retire(pipeline)
 
     def repository(self) -> list[ModelState]:
         """Every model the repository holds or this service serves, with its state and the reason."""
         states = {
-            p.name: ModelState(p.name, p.model.version, "READY") for p in self.registry.pipelines.values()
+            name: ModelState(name, versions[0].model.label or versions[0].model.version, "READY")
+            for name, versions in self.registry.versions.items()
         }
         for name, reason in self.registry.refused.items():
             states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
@@ -277,25 +289,30 @@ class InferenceService:
     # --- what the doors may know of the models --------------------------------------------
 
     def models(self) -> list[ServedModel]:
-        return [
-            ServedModel.of(p, self.registry.default_for(p.name)) for p in self.registry.pipelines.values()
-        ]
+        """Each served model, as its newest version (``versions``: all that serve)."""
+        return [self._view(versions[0]) for versions in self.registry.versions.values()]
+
+    def _view(self, pipeline: ModelPipeline) -> ServedModel:
+        return ServedModel.of(
+            pipeline, self.registry.default_for(pipeline.name), self.registry.versions.get(pipeline.name, [])
+        )
 
     def refused(self) -> dict[str, str]:
         """Folders refused at start-up (or at warm-up), with the reason as callers may see it (no host paths)."""
         return dict(sorted(self.registry.refused.items()))
 
     def model(self, name: str | None, task: str | None = None, version: str | None = None) -> ServedModel:
-        """The loaded model ``name`` (default: ``task``'s default model); with ``version``, only if that is the
-        loaded version (the manifest's hash); with ``task``, only if it serves that task."""
+        """The loaded model ``name`` (default: ``task``'s default model), its newest version; with
+        ``version`` (a version folder's number, or the content hash answers carry), that version, if it
+        serves; with ``task``, only if it serves that task."""
         if task is not None:
             pipeline = self.registry.resolve_task(task, name)
         else:
             assert name is not None, "a model by name, or a task's default"
             pipeline = self.registry.get(name)
-        if version is not None and version != pipeline.model.version:
-            raise ModelVersionNotFoundError(pipeline.name, version, pipeline.model.version)
-        return ServedModel.of(pipeline, self.registry.default_for(pipeline.name))
+        if version is not None:
+            pipeline = self.registry.get(pipeline.name, version)
+        return self._view(pipeline)
 
     # --- one method per task --------------------------------------------------------------
 

@@ -27,7 +27,9 @@ def _not_blank(value: str) -> str:
 Text = Annotated[
     str, AfterValidator(_not_blank), WithJsonSchema({"type": "string", "minLength": 1, "pattern": r"\S"})
 ]
-ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+# A model's name, optionally with the version to serve it: ``name@2`` (its version folder) or
+# ``name@<content hash>`` (the model_version answers carry); without one, the newest version.
+ModelName = Annotated[str, Field(min_length=1, max_length=160, pattern=r"^[A-Za-z0-9._-]+(@[A-Za-z0-9]+)?$")]
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:

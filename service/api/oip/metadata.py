@@ -24,7 +24,10 @@ class TensorMetadata(BaseModel):
 
 class ModelMetadata(BaseModel):
     name: str
-    versions: list[str] = Field(description="The loaded version: the manifest's content hash")
+    versions: list[str] = Field(
+        description="The served versions, newest first: version folder numbers, or the content hash of a "
+        "model folder that is its only version"
+    )
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
@@ -63,7 +66,7 @@ def model_metadata(model: ServedModel) -> ModelMetadata:
         params["labels"] = list(model.manifest.labels)
     return ModelMetadata(
         name=model.name,
-        versions=[model.version],
+        versions=list(model.versions),
         platform=PLATFORM,
         inputs=[
             TensorMetadata(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])

@@ -252,5 +252,5 @@ async def run(
     values, names = core_parameters(model.name, contract, parameters)
     contexts = contract.inputs[1].name if len(contract.inputs) > 1 else None
     with field_names(contract.inputs[0].name, names, contexts):
-        outcome = await call.core.infer(model.name, columns, values, call.cache, call.request_id)
+        outcome = await call.core.infer(model.ref, columns, values, call.cache, call.request_id)
     return outcome, outputs_of(model, outcome.results)

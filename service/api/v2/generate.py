@@ -80,7 +80,7 @@ async def _translation(
     values, names = core_parameters(model.name, model.contract, parameters)
     cache = cache_control(request, flag(parameters, "cache", True))
     with field_names("text_input", names):
-        work = core.translate([text], decoding_params(**values), model.name, cache)
+        work = core.translate([text], decoding_params(**values), model.ref, cache)
         outcome = await unless_disconnected(request, work)
     return outcome, outcome.results[0].sequences[0]
 
@@ -120,7 +120,7 @@ class GenerateExtensionController(Controller):
             with field_names("text_input", names):
                 params = sampling_params(**values)
                 work = core.generate(
-                    [data.text_input], params, model.name, cache, request_id_of(request) or ""
+                    [data.text_input], params, model.ref, cache, request_id_of(request) or ""
                 )
                 generated = await unless_disconnected(request, work)
             outcome = generated
@@ -164,7 +164,7 @@ class GenerateExtensionController(Controller):
         values, names = core_parameters(model.name, model.contract, parameters)
         with field_names("text_input", names):
             streams = await core.open_streams(
-                [data.text_input], sampling_params(**values), model.name, request_id_of(request) or ""
+                [data.text_input], sampling_params(**values), model.ref, request_id_of(request) or ""
             )
         return GenerationEvents(_token_chunks(streams, base, request), streams)
 

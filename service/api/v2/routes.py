@@ -183,7 +183,7 @@ class OpenInferenceController(Controller):
             "name": model.name,
             "platform": PLATFORM,
             "backend": "onnxruntime",
-            "version_policy": {"specific": {"versions": [model.version]}},
+            "version_policy": {"specific": {"versions": list(model.versions)}},
             "max_batch_size": 0,
             "input": [_config_tensor(t) for t in sig.inputs],
             "output": [_config_tensor(t) for t in sig.outputs],
