@@ -138,7 +138,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         loader = Loader(settings, metrics)
-        registry = await loader.startup(settings.served_models or None)  # empty SERVED_MODELS: every folder
+        budgeted = settings.model_memory_budget > 0  # models load one by one, measured (preload below)
+        registry = await loader.startup([] if budgeted else settings.served_models or None)
         cache = ResponseCache(
             build_backend(settings, errors=metrics),
             ttl_s=settings.cache_ttl_s,
@@ -150,9 +151,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
             registry,
             cache,
             state.limits,
-            loader=loader if controlled else None,
+            loader=loader if controlled or budgeted else None,
             observer=metrics,
             retire_timeout_s=settings.shutdown_timeout_s,
+            memory_budget=settings.model_memory_budget,
+            load_timeout_s=settings.queue_timeout_s,
         )
         poller = (
             RepositoryPoller(
@@ -171,6 +174,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         trimmer = MemoryTrimmer(settings.malloc_trim_mib)
         try:
             await inference.start(warmup=settings.warmup)
+            if budgeted:
+                await inference.preload([n for n in loader.folders() if loader.servable(n)])
             if grpc_server is not None:
                 await grpc_server.start()
             trimmer.start()

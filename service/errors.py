@@ -86,7 +86,12 @@ KINDS: dict[str, ErrorKind] = {
     "queue_timeout": ErrorKind(
         503, "UNAVAILABLE", "the request waited too long in the queue; see `Retry-After`"
     ),
-    "unavailable": ErrorKind(503, "UNAVAILABLE", "the model is shutting down; see `Retry-After`"),
+    "unavailable": ErrorKind(
+        503,
+        "UNAVAILABLE",
+        "the model is shutting down, or could not be loaded in time or into MODEL_MEMORY_BUDGET; see "
+        "`Retry-After`",
+    ),
     "overloaded": ErrorKind(
         503, "UNAVAILABLE", "MAX_IN_FLIGHT_REQUESTS are being answered; see `Retry-After`"
     ),
@@ -220,6 +225,16 @@ class NotReadyError(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class ModelUnavailableError(ServiceError):
+    """A model that exists but cannot answer now (it could not be loaded in time, or into memory)."""
+
+    kind = "unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
+        super().__init__(message, field="model")
+        self.retry_after_s = retry_after_s
+
+
 class ClientDisconnectedError(ServiceError):
     """The client closed the connection before its answer was ready; its work was cancelled."""
 
@@ -279,7 +294,7 @@ def problem_of(exc: BaseException, where: str = "") -> Problem:
     request, for the log), and its message says only to see the log."""
     if isinstance(exc, InvalidInputError):
         return Problem(exc.kind, exc.message, exc.field, (FieldProblem(exc.field, exc.message, exc.reason),))
-    if isinstance(exc, NotReadyError):
+    if isinstance(exc, NotReadyError | ModelUnavailableError):
         return Problem(exc.kind, exc.message, retry_after_s=exc.retry_after_s)
     if isinstance(exc, ServiceError):
         return Problem(exc.kind, exc.message, exc.field)

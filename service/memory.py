@@ -58,6 +58,13 @@ def resident_bytes() -> int:
         return 0
 
 
+def trim_now() -> None:
+    """Hand freed heap memory back to the OS at once (where glibc can): before a load is measured."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class MemoryTrimmer:
     """Returns freed heap memory to the OS while resident memory is ``growth_mib`` past its resting level
     (module docstring)."""

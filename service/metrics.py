@@ -21,6 +21,7 @@ the recommended layout: Prometheus scrapes each replica.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
@@ -180,6 +181,16 @@ class Metrics:
         self.model_loads = counter(
             "model_loads", "Loads and reloads while serving, by result (loaded, failed)", ["result"]
         )
+        self.model_resident_bytes = gauge(
+            "model_resident_bytes",
+            "What each loaded version holds resident: the process's growth while it loaded and warmed up "
+            "(measured with MODEL_MEMORY_BUDGET, one load at a time)",
+            ["model", "version"],
+            mode="max",
+        )
+        self.model_evictions = counter(
+            "model_evictions", "Idle models unloaded to make room within MODEL_MEMORY_BUDGET", []
+        )
         # (model, version) -> its model_info labels, and how many pipelines serve it (a reload of the same
         # files serves the same version twice, until the first copy retires)
         self._served_labels: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -243,6 +254,16 @@ class Metrics:
         if labels is not None:
             self.model_info.remove(*labels)
         self.model_state.labels(model, version).set(0)
+
+    def resident(self, model: str, version: str, size: int | None) -> None:
+        if size is None:
+            with contextlib.suppress(KeyError):
+                self.model_resident_bytes.remove(model, version)
+        else:
+            self.model_resident_bytes.labels(model, version).set(size)
+
+    def evicted(self, model: str) -> None:
+        self.model_evictions.inc()
 
     def loaded(self, model: str, result: str, seconds: float) -> None:
         self.model_loads.labels(result).inc()

@@ -77,6 +77,13 @@ class Settings(BaseSettings):
         '{"gpt": {"latest": {"num_versions": 2}}}, {"specific": {"versions": [1, 3]}} or {"all": {}}; '
         "a model without one serves its newest version folder",
     )
+    model_memory_budget: int = Field(
+        default=0,
+        ge=0,
+        description="Bytes of resident memory the models may hold (each model's is measured as it loads); "
+        "0: no budget. Past it, a model loads on its first request, and the least recently used idle "
+        "model is unloaded to make room (a model with work in flight never is)",
+    )
     model_repository_poll_s: float = Field(
         default=5.0, gt=0, description="MODEL_CONTROL_MODE=poll: seconds between two scans of the repository"
     )

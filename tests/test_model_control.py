@@ -466,3 +466,79 @@ def test_poll_mode_serves_a_version_published_by_the_exporter(repo: Path) -> Non
         assert eventually(lambda: all(g.freed for g in first.model.graphs.values()))  # version 1 retired
         assert v1 != v2 != v3
         http.close()
+
+
+# --- more models than memory ----------------------------------------------------------------------------
+
+THREE = ["bert-classifier", "bert-tagger", "gpt"]
+REQUESTS = {
+    "bert-classifier": ("/v1/classify", {"text": "a fine film"}),
+    "bert-tagger": ("/v1/extract", {"task": "entities", "text": "Ada lived in London."}),
+    "gpt": ("/v1/generate", {"prompt": "KING:", "max_new_tokens": 4, "temperature": 0}),
+}
+
+
+def ask(server: LiveServer, name: str) -> httpx.Response:
+    path, body = REQUESTS[name]
+    return httpx.post(f"{server.url}{path}", json={**body, "model": name}, timeout=120)
+
+
+def states(server: LiveServer) -> dict[str, str]:
+    index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+    return {m["name"]: m["state"] for m in index}
+
+
+def measured_sizes(repo: Path) -> dict[str, float]:
+    """Each model's resident bytes as this process measures them, under a budget too large to matter. The
+    first model a process loads also carries ONNX Runtime's one-time start, so the second server's
+    figures are those every later server of this process measures."""
+    settings = Settings(MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=10**11, CACHE_ENABLED=False)
+    for _ in range(2):
+        with LiveServer(settings) as probe:
+            sizes = {name: metric(probe.url, "tserve_model_resident_bytes", model=name) for name in THREE}
+    return sizes
+
+
+def test_a_budget_for_two_of_three_evicts_the_least_recently_used_idle_model(repo: Path) -> None:
+    sizes = measured_sizes(repo)
+    assert all(size > 0 for size in sizes.values()), sizes
+    budget = int(sum(sizes.values()) - min(sizes.values()) / 2)  # any two fit, the three do not
+    settings = Settings(MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=budget, CACHE_ENABLED=False)
+    with LiveServer(settings) as server:
+        resident = [n for n, s in states(server).items() if s == "READY"]
+        assert len(resident) == 2, states(server)
+        (away,) = set(THREE) - set(resident)
+        for name in resident:  # both used; the first of them is now the least recently used
+            assert ask(server, name).status_code == 200
+        lru, recent = resident
+
+        answer = ask(server, away)  # not resident: it loads while the request waits
+        assert answer.status_code == 200, answer.text
+        assert states(server) == {away: "READY", recent: "READY", lru: "UNAVAILABLE"}
+        assert metric(server.url, "tserve_model_evictions_total") == 1
+        index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
+        assert "loads on its first request" in next(m["reason"] for m in index if m["name"] == lru)
+
+        # now `recent` is the least recently used; held by a request, it is not the one to go
+        held = server.app.state.inference.registry.versions[recent][0]
+        with held.leased():
+            assert ask(server, lru).status_code == 200
+        assert states(server) == {lru: "READY", recent: "READY", away: "UNAVAILABLE"}
+        core = server.app.state.inference
+        assert core.memory.used() <= budget
+        assert metric(server.url, "tserve_model_evictions_total") == 2
+
+
+def test_a_model_that_loads_slower_than_the_queue_allows_is_a_503_with_retry_after(repo: Path) -> None:
+    sizes = measured_sizes(repo)
+    budget = int(sum(sizes.values()) - min(sizes.values()) / 2)
+    settings = Settings(
+        MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=budget, CACHE_ENABLED=False, QUEUE_TIMEOUT_S=0.001
+    )
+    with LiveServer(settings) as server:
+        (away,) = {n for n, s in states(server).items() if s != "READY"}
+        first = ask(server, away)
+        assert first.status_code == 503 and int(first.headers["retry-after"]) >= 1
+        assert "loading" in first.json()["error"]["message"]
+        assert eventually(lambda: states(server)[away] == "READY")  # the load went on for the next one
+        assert ask(server, away).status_code == 200

@@ -103,6 +103,23 @@ def test_without_the_key_the_page_shows_the_401(browser: Any) -> None:
     _set_key(browser, KEY)
 
 
+def test_the_models_panel_lists_each_model_with_its_versions_and_state(
+    browser: Any, api: httpx.Client
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    _set_key(browser, KEY)
+    out = browser.find_element(By.ID, "models-out")
+    browser.execute_script("arguments[0].replaceChildren();", out)
+    browser.find_element(By.ID, "models-go").click()
+    items = _wait(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#models-out li"))
+    listed = {item.get_attribute("data-model"): item.text for item in items}
+    for model in api.get("/v1/models").json()["data"]:
+        assert listed[model["name"]] == (
+            f"{model['name']} · {model['task']} · READY · versions {', '.join(model['versions'])}"
+        )
+
+
 def test_translate_shows_the_n_best_with_scores(browser: Any, api: httpx.Client) -> None:
     from selenium.webdriver.common.by import By
 

@@ -79,6 +79,21 @@ class Loader:
             if p.is_dir() and MODEL_NAME.fullmatch(p.name) and not p.name.endswith(".partial")
         )
 
+    def servable(self, name: str) -> bool:
+        """Whether ``name`` is a model this service may load on demand: a folder of the repository, and
+        one of SERVED_MODELS when that names any."""
+        only = self.settings.served_models
+        return name in self.folders() and (not only or name in only)
+
+    def disk_bytes(self, name: str) -> int:
+        """The size of the model folder's files (what a first load is expected to take, before it is
+        measured); 0 for a name that is not a folder of the repository."""
+        try:
+            folder = self.folder(name)
+            return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        except (OSError, InvalidInputError):
+            return 0
+
     async def startup(self, only: list[str] | None) -> ModelRegistry:
         """Every folder (or those ``only`` names), loaded off the event loop; a broken one is refused."""
         loaded, refused = await asyncio.to_thread(

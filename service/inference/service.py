@@ -35,8 +35,11 @@ from service.errors import (
     ControlOffError,
     InvalidInputError,
     ModelLoadFailedError,
+    ModelUnavailableError,
     NotReadyError,
+    ServiceError,
 )
+from service.memory import resident_bytes, trim_now
 from service.pipelines import attention as attention_step
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
@@ -58,6 +61,7 @@ from service.pipelines.translate import DecodingParams, Translator
 
 from .limits import CONTEXTS, RequestLimits
 from .loading import Loader
+from .memory_budget import MemoryBudget
 from .models import ServedModel
 from .params import decoding_params, sampling_params
 from .registry import ModelRegistry
@@ -82,6 +86,10 @@ class ModelObserver(Protocol):
 
     def loaded(self, model: str, result: str, seconds: float) -> None: ...
 
+    def resident(self, model: str, version: str, size: int | None) -> None: ...
+
+    def evicted(self, model: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class ModelState:
@@ -102,6 +110,8 @@ class InferenceService:
         loader: Loader | None = None,
         observer: ModelObserver | None = None,
         retire_timeout_s: float = 30.0,
+        memory_budget: int = 0,
+        load_timeout_s: float = 30.0,
     ) -> None:
         self.registry = registry
         self.cache = cache
@@ -109,6 +119,9 @@ class InferenceService:
         self.loader = loader  # None: the models are those of start-up (no load, no unload)
         self.observer = observer
         self.retire_timeout_s = retire_timeout_s  # how long a retired version may take to finish its work
+        self.memory = MemoryBudget(memory_budget)
+        self.load_timeout_s = load_timeout_s  # how long a request waits for its model to load (on demand)
+        self._on_demand: dict[str, asyncio.Task[ServedModel]] = {}
         self.phase: Phase = "starting"
         self._started: list[ModelPipeline] = []
         self._warmup = True
@@ -183,9 +196,11 @@ class InferenceService:
         A load that fails raises ``ModelLoadFailedError`` and leaves the serving versions as they were."""
         loader = self._control()
         lock = self._loading.setdefault(name, asyncio.Lock())
-        async with lock:  # one load of a name at a time; other names load side by side
+        async with lock, self.memory.measuring():  # one load of a name at a time; with a budget, of any
             began = time.perf_counter()
             serving = self.registry.versions.get(name, [])
+            await self._make_room(name, self.memory.expected(name, loader.disk_bytes(name)))
+            before = resident_bytes()
             try:
                 versions, built = await loader.build(name, serving if changed_only else [])
                 for index, pipeline in enumerate(built):
@@ -200,6 +215,7 @@ class InferenceService:
             except ModelLoadFailedError:
                 self._observe_load(name, "failed", began)
                 raise
+            self._measured(name, built, resident_bytes() - before)
             if built or len(versions) != len(serving):
                 replaced = self.registry.swap(name, versions)
                 for pipeline in built:
@@ -209,6 +225,9 @@ class InferenceService:
                 log.info("%s serves %s (%d built, %d retiring)", name, served, len(built), len(replaced))
                 for pipeline in replaced:
                     self._retire(pipeline)
+            self.memory.touch(name)
+            if self.memory.over():
+                await self._make_room(name, 0)
             return ServedModel.of(versions[0], self.registry.default_for(name), versions)
 
     async def unload(self, name: str) -> None:
@@ -229,8 +248,13 @@ class InferenceService:
         }
         for name, reason in self.registry.refused.items():
             states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
-        for name in self.loader.folders() if self.loader is not None else []:
-            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", "unloaded"))
+        loader = self.loader
+        for name in loader.folders() if loader is not None else []:
+            on_demand = self.memory.enabled and loader is not None and loader.servable(name)
+            reason = (
+                "not resident: loads on its first request (MODEL_MEMORY_BUDGET)" if on_demand else "unloaded"
+            )
+            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
         for name, lock in self._loading.items():
             if lock.locked():
                 served = states.get(name)
@@ -268,9 +292,101 @@ class InferenceService:
                 self._started.remove(pipeline)
             pipeline.model.free()
             self._retiring.pop(pipeline, None)
+            self.memory.forget(pipeline)
             if self.observer is not None:
                 self.observer.retired(pipeline.name, pipeline.model.version)
+                self.observer.resident(pipeline.name, pipeline.model.version, None)
             log.info("%s version %s retired: its sessions are freed", pipeline.name, pipeline.model.version)
+
+    # --- more models than memory (MODEL_MEMORY_BUDGET) ---------------------------------------
+
+    async def resident(self, model: str | None) -> None:
+        """With a memory budget: load model ``model`` (``name[@version]``) if it is in the repository but
+        not resident, the request waiting at most ``load_timeout_s`` (then 503 with Retry-After); mark it
+        used. Without a budget, or for a resident model, nothing but that mark."""
+        if model is None:
+            return
+        name = model.split("@", 1)[0]
+        if name in self.registry.versions or not self.memory.enabled or self.loader is None:
+            self.memory.touch(name)
+            return
+        if not self.loader.servable(name):
+            return  # the lookup that follows answers 404
+        task = self._on_demand.get(name)
+        if task is None or task.done():
+            task = self._on_demand[name] = asyncio.ensure_future(self.load(name, changed_only=True))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.load_timeout_s)
+        except TimeoutError as exc:
+            raise ModelUnavailableError(
+                f"model {name!r} is loading (it was not resident) and took longer than QUEUE_TIMEOUT_S"
+            ) from exc
+        except ModelLoadFailedError as exc:
+            raise ModelUnavailableError(f"model {name!r} could not be loaded: {exc.reason}") from exc
+
+    async def preload(self, names: list[str]) -> None:
+        """At start-up with a memory budget: load the models in turn while each fits; the others load on
+        their first request."""
+        assert self.loader is not None, "a budget loads models itself"
+        for name in names:
+            expected = self.memory.expected(name, self.loader.disk_bytes(name))
+            if self.memory.used() + expected > self.memory.budget:
+                log.info("%s loads on its first request (MODEL_MEMORY_BUDGET)", name)
+                continue
+            try:
+                await self.load(name)
+            except ServiceError as exc:
+                log.error("refusing model %s: %s", name, exc)
+                self.registry.refused[name] = str(exc)
+                continue
+            if self.memory.over():  # measured larger than it looked: it waits for its first request
+                log.info("%s loads on its first request: it does not fit MODEL_MEMORY_BUDGET now", name)
+                for pipeline in self.registry.remove(name):
+                    self._retire(pipeline)
+                    self.memory.forget(pipeline)
+
+    async def _make_room(self, name: str, needed: int) -> None:
+        """Unload idle models, least recently used first, until ``needed`` more bytes fit the budget."""
+        if not self.memory.enabled:
+            return
+        while self.memory.used() + needed > self.memory.budget:
+            idle = [
+                n
+                for n, versions in self.registry.versions.items()
+                if n != name and not any(p.busy for p in versions) and n not in self._on_demand_loading()
+            ]
+            if not idle:
+                if needed and self.memory.used() + needed > self.memory.budget:
+                    raise ModelUnavailableError(
+                        f"model {name!r} does not fit MODEL_MEMORY_BUDGET beside the models at work"
+                    )
+                return
+            victim = min(idle, key=self.memory.last_used)
+            log.info("%s: unloaded to make room for %s (MODEL_MEMORY_BUDGET)", victim, name)
+            evicted = self.registry.remove(victim)
+            for pipeline in evicted:
+                self._retire(pipeline)
+                self.memory.forget(pipeline)  # counted out now
+            # idle, so retired at once: its memory is freed (and handed back) before the next is measured
+            await asyncio.gather(*(self._retiring[p] for p in evicted if p in self._retiring))
+            trim_now()
+            if self.observer is not None:
+                self.observer.evicted(victim)
+
+    def _on_demand_loading(self) -> set[str]:
+        return {n for n, task in self._on_demand.items() if not task.done()}
+
+    def _measured(self, name: str, built: list[ModelPipeline], grown: int) -> None:
+        """Record what the versions just built hold resident: the process's growth while they loaded."""
+        if not built or not self.memory.enabled:
+            return
+        share = max(0, grown) // len(built)
+        for pipeline in built:
+            model = pipeline.model
+            floor = sum(g.path.stat().st_size for g in [*model.graphs.values(), *model.inplace.values()])
+            counted = self.memory.record(pipeline, share, floor)
+            if self.observer is not None:
+                self.observer.resident(name, pipeline.model.version, counted)
 
     async def retired(self) -> None:
         """Until every replaced or unloaded version has stopped and freed its sessions (for tests, drains)."""
@@ -359,6 +475,7 @@ class InferenceService:
         self._texts(texts, attention)
         self.limits.new_tokens(params.max_new_tokens)
         self.limits.generation_budget(len(texts), params.max_new_tokens, params.beam_size)
+        await self.resident(model)
         pipeline = self._resolve(Translator, model)
         with pipeline.leased():
             if attention is not None:
@@ -383,6 +500,7 @@ class InferenceService:
     ) -> Outcome[Classification]:
         """``top_k`` None: every label, most probable first."""
         self._texts(texts, attention)
+        await self.resident(model)
         pipeline = self._resolve(TextClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
@@ -408,6 +526,7 @@ class InferenceService:
         self.limits.items(len(images))
         self.limits.images(images)
         self._one_input(len(images), attention)
+        await self.resident(model)
         pipeline = self._resolve(ImageClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
@@ -431,6 +550,7 @@ class InferenceService:
         """``pairs``: (question, context); errors name ``inputs`` (the questions) or ``contexts``."""
         self._texts([q for q, _ in pairs], attention)
         self.limits.texts([c for _, c in pairs], CONTEXTS)
+        await self.resident(model)
         pipeline = self._resolve(QuestionAnswerer, model)
         with pipeline.leased():
             return await self._with_attention(
@@ -451,6 +571,7 @@ class InferenceService:
         attention: AttentionQuery | None = None,
     ) -> Outcome[Entities]:
         self._texts(texts, attention)
+        await self.resident(model)
         pipeline = self._resolve(EntityTagger, model)
         with pipeline.leased():
             return await self._with_attention(
@@ -495,6 +616,7 @@ class InferenceService:
     ) -> Outcome[Embedding]:
         """``dimensions``, when given, must be the model's own (its embeddings were not trained to be cut)."""
         self._texts(texts)
+        await self.resident(model)
         pipeline = self._resolve(SentenceEmbedder, model)
         with pipeline.leased():
             if dimensions is not None and dimensions != pipeline.dimensions:
@@ -526,6 +648,7 @@ class InferenceService:
         input names (texts, or image bytes), ``parameters`` by the core's names. The tensor doors (v2 over
         HTTP and gRPC) come in here; errors name ``inputs`` (``contexts`` for a second input) and the core's
         parameters, as the task methods' do."""
+        await self.resident(model)
         task = self.model(model).task
         return await _BY_TASK[task](self, model, inputs, dict(parameters), cache, request_id)
 
@@ -555,6 +678,7 @@ class InferenceService:
         """``choices`` per prompt, all decoding together in the running batch; results prompt-major (prompt
         ``p``, choice ``c`` at ``p * choices + c``); choice ``c`` of a seeded request samples with
         ``seed + c``. Each choice is cached only when deterministic (greedy or seeded)."""
+        await self.resident(model)
         pipeline, params = self._generation(prompts, params, model, choices)
         with pipeline.leased():
 
@@ -595,6 +719,7 @@ class InferenceService:
     ) -> GenerationStreams:
         """Live token streams, ``choices`` per prompt (prompt-major), all admitted or none. Never cached: a
         stream's point is tokens as the model makes them. The caller cancels them if it stops reading."""
+        await self.resident(model)
         pipeline, params = self._generation(prompts, params, model, choices)
         with pipeline.leased():
             opened: list[OpenStream] = []

@@ -105,6 +105,16 @@ class ModelPipeline(ABC):
         await self._idle.wait()
 
     @property
+    def busy(self) -> bool:
+        """A request holds it, or work it queued is not done (a stream's sequences outlive its lease)."""
+        return self._users > 0 or self.pending > 0
+
+    @property
+    def pending(self) -> int:
+        """Work queued or running beyond the requests that hold the pipeline (none but for streams)."""
+        return 0
+
+    @property
     def name(self) -> str:
         return self.model.name
 

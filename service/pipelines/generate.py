@@ -102,6 +102,10 @@ class Generator(ModelPipeline):
     async def start(self) -> None:
         await self.engine.start()
 
+    @property
+    def pending(self) -> int:
+        return self.engine.running + self.engine.waiting
+
     async def stop(self, timeout_s: float) -> None:
         await self.engine.stop(drain=True, timeout_s=timeout_s)
 

@@ -181,6 +181,7 @@ class CompletionsController(Controller):
         core = services.inference
         with data.field_names():
             core.check_ready()
+            await core.resident(data.model)
             texts = TokenTexts(core.model(data.model, task="text-generation"))
             if data.stream:
                 return await self._stream(request, data, services, texts)

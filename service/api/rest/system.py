@@ -13,6 +13,7 @@ from service.api.rest.schemas.system import (
     LiveResponse,
     ModelOut,
     ModelsResponse,
+    NotServedOut,
     ReadyResponse,
     RefusedOut,
     RequestLimitsOut,
@@ -61,6 +62,7 @@ def describe(model: ServedModel) -> ModelOut:
         name=m.name,
         task=m.task,
         version=m.version,
+        versions=list(model.versions),
         architecture=m.manifest.architecture,
         description=m.manifest.description,
         execution_provider=m.provider,
@@ -97,6 +99,11 @@ class ModelsController(Controller):
             data=listed,
             models=listed,
             refused=[RefusedOut(name=n, reason=r) for n, r in core.refused().items()],
+            not_served=[
+                NotServedOut(name=s.name, state=s.state, reason=s.reason)
+                for s in core.repository()
+                if s.state != "READY" and s.name not in core.refused()
+            ],
             limits=RequestLimitsOut.model_validate(core.limits, from_attributes=True),
         )
 

@@ -58,7 +58,8 @@ def _paths(suffix: str) -> list[str]:
     ]
 
 
-def _model(core: InferenceService, name: str, version: str | None) -> ServedModel:
+async def _model(core: InferenceService, name: str, version: str | None) -> ServedModel:
+    await core.resident(name)
     model = core.model(name, version=version)
     if model.task not in _GENERATE_TASKS:
         raise InvalidInputError(
@@ -108,7 +109,7 @@ class GenerateExtensionController(Controller):
         top_p, repetition_penalty, seed, stop); translator: its translation (beam_size, max_new_tokens,
         length_penalty)."""
         core = services.inference
-        model = _model(core, model_name, model_version)
+        model = await _model(core, model_name, model_version)
         parameters = _parameters(data)
         outcome: Outcome[Any]
         if model.task == "translation":
@@ -151,7 +152,7 @@ class GenerateExtensionController(Controller):
         ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
         first chunk arrives as ``data: {"error": "..."}``; errors before it are ordinary HTTP errors."""
         core = services.inference
-        model = _model(core, model_name, model_version)
+        model = await _model(core, model_name, model_version)
         parameters = _parameters(data)
         base: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if data.id is not None:

@@ -36,7 +36,13 @@ class ModelOut(BaseModel):
     # This service's own fields.
     name: str = Field(description="Same as `id`")
     task: str
-    version: str = Field(description="Content hash of the model's files")
+    version: str = Field(description="Content hash of the model's files (its newest served version)")
+    versions: list[str] = Field(
+        default_factory=list,
+        description="Every served version, newest first: version folder numbers, or the content hash of a "
+        "model folder that is its only version; a request picks one as `model@version`",
+    )
+    state: str = Field(default="READY", description="READY: it answers now")
     architecture: str | None
     description: str | None
     execution_provider: str = Field(description="The ONNX Runtime provider the session really got")
@@ -67,6 +73,12 @@ class ModelOut(BaseModel):
     )
 
 
+class NotServedOut(BaseModel):
+    name: str = Field(description="Folder name under MODEL_REPOSITORY")
+    state: str = Field(description="UNAVAILABLE, or LOADING")
+    reason: str = Field(description="unloaded, or not resident (loads on its first request)")
+
+
 class RefusedOut(BaseModel):
     name: str = Field(description="Folder name under MODEL_REPOSITORY")
     reason: str
@@ -92,6 +104,11 @@ class ModelsResponse(BaseModel):
         description="Deprecated alias of `data`, kept for one release (to be removed in 0.3)"
     )
     refused: list[RefusedOut] = Field(description="Folders that did not load, or failed their warm-up")
+    not_served: list[NotServedOut] = Field(
+        default_factory=list,
+        description="With MODEL_CONTROL_MODE or MODEL_MEMORY_BUDGET: folders of the repository not served "
+        "now, and why",
+    )
     limits: RequestLimitsOut = Field(description="Request limits of this deployment")
 
 
