@@ -528,6 +528,12 @@ def test_a_budget_for_two_of_three_evicts_the_least_recently_used_idle_model(rep
         assert core.memory.used() <= budget
         assert metric(server.url, "tserve_model_evictions_total") == 2
 
+        # a request that names no model gets its task's default, loaded as any other
+        path, body = REQUESTS[away]
+        by_default = httpx.post(f"{server.url}{path}", json=body, timeout=120)
+        assert by_default.status_code == 200 and by_default.json()["model"] == away
+        assert states(server)[away] == "READY"
+
 
 def test_a_model_that_loads_slower_than_the_queue_allows_is_a_503_with_retry_after(repo: Path) -> None:
     sizes = measured_sizes(repo)

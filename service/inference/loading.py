@@ -85,6 +85,22 @@ class Loader:
         only = self.settings.served_models
         return name in self.folders() and (not only or name in only)
 
+    def default_for(self, task: str, preferred: str | None) -> str | None:
+        """The folder a request for ``task`` without a model would load: ``preferred`` when it serves the task,
+        else the first such folder by name (None: no folder serves it)."""
+        candidates = [n for n in self.folders() if self.servable(n) and self.task_of(n) == task]
+        return preferred if preferred in candidates else next(iter(candidates), None)
+
+    def task_of(self, name: str) -> str | None:
+        """The task its newest version's manifest names (None: unreadable)."""
+        try:
+            versions = version_folders(self.folder(name))
+            raw = json.loads((versions[-1].path / MANIFEST).read_text())
+        except (OSError, ValueError, IndexError, InvalidInputError):
+            return None
+        task = raw.get("task") if isinstance(raw, dict) else None
+        return task if isinstance(task, str) else None
+
     def disk_bytes(self, name: str) -> int:
         """The size of the model folder's files (what a first load is expected to take, before it is
         measured); 0 for a name that is not a folder of the repository."""

@@ -64,7 +64,7 @@ from .loading import Loader
 from .memory_budget import MemoryBudget
 from .models import ServedModel
 from .params import decoding_params, sampling_params
-from .registry import ModelRegistry
+from .registry import PREFERRED_DEFAULTS, ModelRegistry
 from .streams import GenerationStreams
 
 log = logging.getLogger(__name__)
@@ -300,23 +300,31 @@ class InferenceService:
 
     # --- more models than memory (MODEL_MEMORY_BUDGET) ---------------------------------------
 
-    async def resident(self, model: str | None) -> None:
-        """With a memory budget: load model ``model`` (``name[@version]``) if it is in the repository but
-        not resident, the request waiting at most ``load_timeout_s`` (then 503 with Retry-After); mark it
-        used. Without a budget, or for a resident model, nothing but that mark."""
+    async def resident(self, model: str | None, task: str | None = None) -> None:
+        """With a memory budget: load model ``model`` (``name[@version]``; None: ``task``'s default) if it is
+        in the repository but not resident, the request waiting at most ``load_timeout_s`` (then 503 with
+        Retry-After); mark it used. Without a budget, or for a resident model, nothing but that mark."""
         if model is None:
-            return
+            if task is None or task in self.registry.defaults:
+                if task is not None:
+                    self.memory.touch(self.registry.defaults[task])
+                return
+            if not self.memory.enabled or self.loader is None:
+                return  # the lookup that follows answers 404
+            model = self.loader.default_for(task, PREFERRED_DEFAULTS.get(task))
+            if model is None:
+                return
         name = model.split("@", 1)[0]
         if name in self.registry.versions or not self.memory.enabled or self.loader is None:
             self.memory.touch(name)
             return
         if not self.loader.servable(name):
             return  # the lookup that follows answers 404
-        task = self._on_demand.get(name)
-        if task is None or task.done():
-            task = self._on_demand[name] = asyncio.ensure_future(self.load(name, changed_only=True))
+        loading = self._on_demand.get(name)
+        if loading is None or loading.done():
+            loading = self._on_demand[name] = asyncio.ensure_future(self.load(name, changed_only=True))
         try:
-            await asyncio.wait_for(asyncio.shield(task), self.load_timeout_s)
+            await asyncio.wait_for(asyncio.shield(loading), self.load_timeout_s)
         except TimeoutError as exc:
             raise ModelUnavailableError(
                 f"model {name!r} is loading (it was not resident) and took longer than QUEUE_TIMEOUT_S"
@@ -444,12 +452,14 @@ class InferenceService:
             pipeline, request=request, result_type=result_type, control=cache, compute=compute
         )
 
-    def _resolve(self, kind: type[P], model: str | None) -> P:
-        """After the request's own checks: readiness, then the model (``model``, or the task's default).
+    async def _resolve(self, kind: type[P], model: str | None) -> P:
+        """After the request's own checks: readiness, then the model (``model``, or the task's default),
+        loaded first if it is in the repository but not resident (``resident``).
 
         The caller holds ``pipeline.leased()`` while it uses it: a version replaced or unloaded meanwhile
         (``load``, ``unload``) stops, and frees its sessions, only once every request on it is done."""
         self.check_ready()
+        await self.resident(model, kind.task)
         return self.registry.resolve(kind, model)
 
     def _texts(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> None:
@@ -475,8 +485,7 @@ class InferenceService:
         self._texts(texts, attention)
         self.limits.new_tokens(params.max_new_tokens)
         self.limits.generation_budget(len(texts), params.max_new_tokens, params.beam_size)
-        await self.resident(model)
-        pipeline = self._resolve(Translator, model)
+        pipeline = await self._resolve(Translator, model)
         with pipeline.leased():
             if attention is not None:
                 params = pipeline.attention_params(texts[0], params, self.limits.attention_max_tokens)
@@ -500,8 +509,7 @@ class InferenceService:
     ) -> Outcome[Classification]:
         """``top_k`` None: every label, most probable first."""
         self._texts(texts, attention)
-        await self.resident(model)
-        pipeline = self._resolve(TextClassifier, model)
+        pipeline = await self._resolve(TextClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
             return await self._with_attention(
@@ -526,8 +534,7 @@ class InferenceService:
         self.limits.items(len(images))
         self.limits.images(images)
         self._one_input(len(images), attention)
-        await self.resident(model)
-        pipeline = self._resolve(ImageClassifier, model)
+        pipeline = await self._resolve(ImageClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
             return await self._with_attention(
@@ -550,8 +557,7 @@ class InferenceService:
         """``pairs``: (question, context); errors name ``inputs`` (the questions) or ``contexts``."""
         self._texts([q for q, _ in pairs], attention)
         self.limits.texts([c for _, c in pairs], CONTEXTS)
-        await self.resident(model)
-        pipeline = self._resolve(QuestionAnswerer, model)
+        pipeline = await self._resolve(QuestionAnswerer, model)
         with pipeline.leased():
             return await self._with_attention(
                 pipeline,
@@ -571,8 +577,7 @@ class InferenceService:
         attention: AttentionQuery | None = None,
     ) -> Outcome[Entities]:
         self._texts(texts, attention)
-        await self.resident(model)
-        pipeline = self._resolve(EntityTagger, model)
+        pipeline = await self._resolve(EntityTagger, model)
         with pipeline.leased():
             return await self._with_attention(
                 pipeline,
@@ -616,8 +621,7 @@ class InferenceService:
     ) -> Outcome[Embedding]:
         """``dimensions``, when given, must be the model's own (its embeddings were not trained to be cut)."""
         self._texts(texts)
-        await self.resident(model)
-        pipeline = self._resolve(SentenceEmbedder, model)
+        pipeline = await self._resolve(SentenceEmbedder, model)
         with pipeline.leased():
             if dimensions is not None and dimensions != pipeline.dimensions:
                 raise InvalidInputError(
@@ -654,7 +658,7 @@ class InferenceService:
 
     # --- generation -----------------------------------------------------------------------
 
-    def _generation(
+    async def _generation(
         self, prompts: Sequence[str], params: SamplingParams, model: str | None, choices: int
     ) -> tuple[Generator, SamplingParams]:
         """Readiness, limits and the default length, then the model."""
@@ -664,7 +668,7 @@ class InferenceService:
             default = min(DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
             params = dataclasses.replace(params, max_new_tokens=default)
         self.limits.generation_budget(len(prompts) * choices, params.max_new_tokens)
-        return self._resolve(Generator, model), params
+        return await self._resolve(Generator, model), params
 
     async def generate(
         self,
@@ -678,8 +682,7 @@ class InferenceService:
         """``choices`` per prompt, all decoding together in the running batch; results prompt-major (prompt
         ``p``, choice ``c`` at ``p * choices + c``); choice ``c`` of a seeded request samples with
         ``seed + c``. Each choice is cached only when deterministic (greedy or seeded)."""
-        await self.resident(model)
-        pipeline, params = self._generation(prompts, params, model, choices)
+        pipeline, params = await self._generation(prompts, params, model, choices)
         with pipeline.leased():
 
             def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
@@ -719,8 +722,7 @@ class InferenceService:
     ) -> GenerationStreams:
         """Live token streams, ``choices`` per prompt (prompt-major), all admitted or none. Never cached: a
         stream's point is tokens as the model makes them. The caller cancels them if it stops reading."""
-        await self.resident(model)
-        pipeline, params = self._generation(prompts, params, model, choices)
+        pipeline, params = await self._generation(prompts, params, model, choices)
         with pipeline.leased():
             opened: list[OpenStream] = []
             try:
