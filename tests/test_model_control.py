@@ -21,6 +21,7 @@ from servers import LiveServer, metric
 from tritonclient.utils import InferenceServerException
 
 from harness.ports import free_port
+from harness.service_process import ServiceProcess
 from service.engine.manifest import MANIFEST, content_version, file_sha256
 from service.settings import Settings
 
@@ -478,37 +479,48 @@ REQUESTS = {
 }
 
 
-def ask(server: LiveServer, name: str) -> httpx.Response:
-    path, body = REQUESTS[name]
-    return httpx.post(f"{server.url}{path}", json={**body, "model": name}, timeout=120)
+def ask(server: Any, name: str, **body: Any) -> httpx.Response:
+    path, fields = REQUESTS[name]
+    return httpx.post(f"{server.url}{path}", json={**fields, "model": name, **body}, timeout=120)
 
 
-def states(server: LiveServer) -> dict[str, str]:
+def states(server: Any) -> dict[str, str]:
     index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
     return {m["name"]: m["state"] for m in index}
 
 
-def measured_sizes(repo: Path) -> dict[str, float]:
-    """Each model's resident bytes as this process measures them, under a budget too large to matter. The
-    first model a process loads also carries ONNX Runtime's one-time start, so the second server's
-    figures are those every later server of this process measures."""
-    settings = Settings(MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=10**11, CACHE_ENABLED=False)
-    for _ in range(2):
-        with LiveServer(settings) as probe:
-            sizes = {name: metric(probe.url, "tserve_model_resident_bytes", model=name) for name in THREE}
-    return sizes
+def budget_process(repo: Path, budget: int, log: Path, **env: str) -> ServiceProcess:
+    """``python -m service`` with a memory budget: a process of its own, so what it measures is its own
+    (a server inside pytest's process would share its heap with every earlier test)."""
+    settings = {
+        "MODEL_REPOSITORY": str(repo),
+        "SERVED_MODELS": ",".join(THREE),
+        "MODEL_MEMORY_BUDGET": str(budget),
+        "CACHE_ENABLED": "false",
+        "ACCESS_LOG": "false",
+        **env,
+    }
+    return ServiceProcess(settings, log_path=log, stop_grace_s=0)
 
 
-def test_a_budget_for_two_of_three_evicts_the_least_recently_used_idle_model(repo: Path) -> None:
-    sizes = measured_sizes(repo)
+def two_of_three(repo: Path, tmp_path: Path) -> int:
+    """A budget that holds any two of the three models and not the three, from their sizes as a process
+    measures them under a budget too large to matter (the same loads, in the same order, measure alike)."""
+    with budget_process(repo, 10**12, tmp_path / "probe.log") as probe:
+        sizes = {name: metric(probe.url, "tserve_model_resident_bytes", model=name) for name in THREE}
     assert all(size > 0 for size in sizes.values()), sizes
-    budget = int(sum(sizes.values()) - min(sizes.values()) / 2)  # any two fit, the three do not
-    settings = Settings(MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=budget, CACHE_ENABLED=False)
-    with LiveServer(settings) as server:
+    return int(sum(sizes.values()) - min(sizes.values()) / 2)
+
+
+def test_a_budget_for_two_of_three_evicts_the_least_recently_used_idle_model(
+    repo: Path, tmp_path: Path
+) -> None:
+    budget = two_of_three(repo, tmp_path)
+    with budget_process(repo, budget, tmp_path / "service.log") as server:
         resident = [n for n, s in states(server).items() if s == "READY"]
-        assert len(resident) == 2, states(server)
+        assert len(resident) == 2, (states(server), server.log()[-2000:])
         (away,) = set(THREE) - set(resident)
-        for name in resident:  # both used; the first of them is now the least recently used
+        for name in resident:  # both used: the first of them is now the least recently used
             assert ask(server, name).status_code == 200
         lru, recent = resident
 
@@ -518,30 +530,24 @@ def test_a_budget_for_two_of_three_evicts_the_least_recently_used_idle_model(rep
         assert metric(server.url, "tserve_model_evictions_total") == 1
         index = httpx.post(f"{server.url}/v2/repository/index", timeout=30).json()
         assert "loads on its first request" in next(m["reason"] for m in index if m["name"] == lru)
+        listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()
+        assert [m["name"] for m in listed["not_served"]] == [lru]
 
-        # now `recent` is the least recently used; held by a request, it is not the one to go
-        held = server.app.state.inference.registry.versions[recent][0]
-        with held.leased():
-            assert ask(server, lru).status_code == 200
-        assert states(server) == {lru: "READY", recent: "READY", away: "UNAVAILABLE"}
-        core = server.app.state.inference
-        assert core.memory.used() <= budget
+        # a request that names no model gets its task's default, loaded as any other; `recent` goes
+        path, fields = REQUESTS[lru]
+        by_default = httpx.post(f"{server.url}{path}", json=fields, timeout=120)
+        assert by_default.status_code == 200 and by_default.json()["model"] == lru
+        assert states(server) == {lru: "READY", away: "READY", recent: "UNAVAILABLE"}
         assert metric(server.url, "tserve_model_evictions_total") == 2
-
-        # a request that names no model gets its task's default, loaded as any other
-        path, body = REQUESTS[away]
-        by_default = httpx.post(f"{server.url}{path}", json=body, timeout=120)
-        assert by_default.status_code == 200 and by_default.json()["model"] == away
-        assert states(server)[away] == "READY"
+        used = sum(metric(server.url, "tserve_model_resident_bytes", model=n) for n in THREE)
+        assert 0 < used <= budget
 
 
-def test_a_model_that_loads_slower_than_the_queue_allows_is_a_503_with_retry_after(repo: Path) -> None:
-    sizes = measured_sizes(repo)
-    budget = int(sum(sizes.values()) - min(sizes.values()) / 2)
-    settings = Settings(
-        MODEL_REPOSITORY=repo, MODEL_MEMORY_BUDGET=budget, CACHE_ENABLED=False, QUEUE_TIMEOUT_S=0.001
-    )
-    with LiveServer(settings) as server:
+def test_a_model_that_loads_slower_than_the_queue_allows_is_a_503_with_retry_after(
+    repo: Path, tmp_path: Path
+) -> None:
+    budget = two_of_three(repo, tmp_path)
+    with budget_process(repo, budget, tmp_path / "service.log", QUEUE_TIMEOUT_S="0.001") as server:
         (away,) = {n for n, s in states(server).items() if s != "READY"}
         first = ask(server, away)
         assert first.status_code == 503 and int(first.headers["retry-after"]) >= 1

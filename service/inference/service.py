@@ -188,18 +188,20 @@ class InferenceService:
 
     # --- the repository while serving: load (or reload), unload ---------------------------
 
-    async def load(self, name: str, changed_only: bool = False) -> ServedModel:
+    async def load(self, name: str, changed_only: bool = False, make_room: bool = True) -> ServedModel:
         """Load model ``name`` from its folder, or reload it when it serves: each version its policy serves
         is built and warmed up beside the serving ones, then they take every new request at once; each
         request that had resolved a replaced version finishes on it, and its sessions are freed when the
-        last one ends. ``changed_only`` (poll mode) keeps the serving versions whose files are unchanged.
+        last one ends. ``changed_only`` (poll mode) keeps the serving versions whose files are unchanged;
+        ``make_room`` (with a memory budget) unloads idle models, least recently used first, so that it fits.
         A load that fails raises ``ModelLoadFailedError`` and leaves the serving versions as they were."""
         loader = self._control()
         lock = self._loading.setdefault(name, asyncio.Lock())
         async with lock, self.memory.measuring():  # one load of a name at a time; with a budget, of any
             began = time.perf_counter()
             serving = self.registry.versions.get(name, [])
-            await self._make_room(name, self.memory.expected(name, loader.disk_bytes(name)))
+            if make_room:
+                await self._make_room(name, self.memory.expected(name, loader.disk_bytes(name)))
             before = resident_bytes()
             try:
                 versions, built = await loader.build(name, serving if changed_only else [])
@@ -226,7 +228,7 @@ class InferenceService:
                 for pipeline in replaced:
                     self._retire(pipeline)
             self.memory.touch(name)
-            if self.memory.over():
+            if make_room and self.memory.over():
                 await self._make_room(name, 0)
             return ServedModel.of(versions[0], self.registry.default_for(name), versions)
 
@@ -342,7 +344,7 @@ class InferenceService:
                 log.info("%s loads on its first request (MODEL_MEMORY_BUDGET)", name)
                 continue
             try:
-                await self.load(name)
+                await self.load(name, make_room=False)
             except ServiceError as exc:
                 log.error("refusing model %s: %s", name, exc)
                 self.registry.refused[name] = str(exc)
