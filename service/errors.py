@@ -204,6 +204,14 @@ class ModelLoadFailedError(ServiceError):
         self.reason = reason
 
 
+class ModelFolderNotFoundError(ModelNotFoundError):
+    """A load of a name that is no folder of the repository: 404 (a typo is not a failed load)."""
+
+    def __init__(self, name: str) -> None:
+        ServiceError.__init__(self, f"the model repository has no such folder: {name!r}", field="model_name")
+        self.name = name
+
+
 class NoModelForTaskError(ServiceError):
     """The request names no model and no loaded model serves its task."""
 

@@ -3,7 +3,8 @@
 
 At start-up for every folder (``startup``), and while serving for one folder by name (``build``, what
 ``InferenceService.load`` swaps in). A name is one folder of the repository and nothing else: no
-separator, no ``..``, no link out of it, whatever a client sends.
+separator, no ``..``, whatever a client sends. A link the operator put in the repository is followed,
+as at start-up (a client cannot make one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from service.engine.manifest import MANIFEST
 from service.engine.repository import ModelLoadError, load_model, load_repository, without_paths
 from service.engine.runtime import RuntimeOptions
 from service.engine.versions import VersionFolder, VersionPolicyError, policy_of, version_folders
-from service.errors import InvalidInputError, ModelLoadFailedError
+from service.errors import InvalidInputError, ModelFolderNotFoundError, ModelLoadFailedError
 from service.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
@@ -62,12 +63,7 @@ class Loader:
                 "model_name",
                 "invalid_name",
             )
-        folder = self.root / name
-        if folder.exists() and folder.resolve().parent != self.root.resolve():
-            raise InvalidInputError(
-                f"{name!r} leads outside the model repository", "model_name", "outside_repository"
-            )
-        return folder
+        return self.root / name
 
     def folders(self) -> list[str]:
         """The model folders the repository holds now (work folders and hidden ones aside)."""
@@ -136,7 +132,7 @@ class Loader:
         reused. Every check of start-up applies; ``ModelLoadFailedError`` names the first that fails."""
         folder = self.folder(name)
         if not folder.is_dir():
-            raise ModelLoadFailedError(name, "the model repository has no such folder")
+            raise ModelFolderNotFoundError(name)
         try:
             chosen = policy_of(folder, self.settings.model_version_policy.get(name)).choose(
                 version_folders(folder)

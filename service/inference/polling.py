@@ -4,9 +4,10 @@ same swap as an explicit load: ``InferenceService.load``); a served model whose 
 scans in a row is unloaded (one scan may fall between the publisher's removal of the old folder and
 its rename of the new one).
 
-A plain scan, not a file watcher: it reads one ``stat`` per folder and a manifest only when its
-``stat`` changed, which costs little per scan (``benchmarks/model_loads.py`` measures it), and it sees
-what another host writes to a shared volume (NFS, a Kubernetes PVC), where inotify sees nothing.
+A plain scan, not a file watcher: it lists each model folder and reads the ``stat`` of its manifests
+and ``config.json``, loading only where one changed. That costs 0.24 ms for 10 folders and 25 ms for
+1000 (``benchmarks/model_loads.py``), and it sees what another host writes to a shared volume (NFS, a
+Kubernetes PVC), where inotify, and so ``watchfiles``, sees nothing.
 A version that fails to load is not tried again until its manifest changes.
 """
 
