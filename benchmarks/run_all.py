@@ -27,6 +27,7 @@ from benchmarks import (
     cold_start,
     continuous_batching,
     kv_cache,
+    model_loads,
     overhead,
     peers,
     protocols,
@@ -50,6 +51,7 @@ MODULES: list[ModuleType] = [
     protocols,
     variants,
     served_variants,
+    model_loads,
     peers,  # optional: needs --peers-python
 ]
 
@@ -68,6 +70,7 @@ HEADLINE = {
     "inplace_kv_step_speedup_16": "kv_cache",
     "litserve_over_service_32": "peers",
     "ray_serve_over_service_32": "peers",
+    "reload_p99_over_steady_32": "model_loads",
 }
 BUDGET_S = 18 * 60
 

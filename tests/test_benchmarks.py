@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from benchmarks.peer_servers.classifier import FusedClassifier
-from benchmarks.repository import find_model
+from benchmarks.repository import find_model, model_folders
 from service.engine.batcher import BatchPolicy
 from service.engine.repository import load_model
 from service.engine.runtime import RuntimeOptions
@@ -37,6 +37,7 @@ SCRIPTS = [
     "protocols",
     "variants",
     "served_variants",
+    "model_loads",
     "peers",
     "run_all",
 ]
@@ -51,6 +52,7 @@ HEADLINE = [
     "oip_binary_over_native_classify",
     "int8_classify_speedup_32",
     "int8_served_classify_speedup_32",
+    "reload_p99_over_steady_32",
 ]
 
 
@@ -81,6 +83,37 @@ def test_run_all_quick_writes_every_headline_figure(tiny_models: Path, tmp_path:
     assert "| figure | measured | target | verdict |" in table
     assert table.count("PASS") + table.count("MISS") >= len(HEADLINE)
     assert (tmp_path / "kv_cache_latency.png").stat().st_size > 1000
+
+
+def test_model_loads_quick_times_every_model_and_loses_no_request(tiny_models: Path, tmp_path: Path) -> None:
+    """model_loads.py alone: every model loaded over HTTP, the reloads under load answered with 200s only,
+    each model's memory read, and the scan and the watcher measured at every repository size."""
+    out = tmp_path / "figures.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/model_loads.py",
+        "--quick",
+        "--no-record",
+        "--models",
+        str(tiny_models),
+    ]
+    proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    figures = json.loads(out.read_text())
+    value = figures["reload_p99_over_steady_32"]
+    assert isinstance(value, float) and math.isfinite(value) and value > 0
+    assert figures["errors_while_reloading"] == 0, figures["statuses_while_reloading"]
+    assert figures["reloads"] >= 1 and figures["reloads_failed"] == 0
+    assert figures["reloads_counted_by_server"] == figures["reloads"]
+    names = {f.name for f in model_folders(tiny_models)}
+    served = find_model(tiny_models, "text-classification").name
+    assert figures["load_statuses"] == dict.fromkeys(names - {served}, 200)
+    assert set(figures["load_ms"]) == names - {served} and set(figures["resident_mib"]) == names
+    for key in ("scan_ms", "scan_cpu_ms", "watchfiles_detect_ms", "watchfiles_idle_cores"):
+        assert set(figures[key]) == {"10", "100", "1000"}, key
+        assert all(isinstance(v, float) and v >= 0 for v in figures[key].values()), (key, figures[key])
+    assert "tiny test models" in proc.stdout
+    assert "non-200 answers while reloading: 0.00 (target <= 0) PASS" in proc.stdout
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
