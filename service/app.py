@@ -47,6 +47,7 @@ from service.api.http.errors import EXCEPTION_HANDLERS
 from service.api.http.observe import observe_requests
 from service.api.http.raw_errors import RAW_SHAPES_KEY
 from service.api.http.request_id import ensure_request_id_header
+from service.api.http.scheduling import schedule_requests
 from service.api.openai.errors import is_openai_path
 from service.api.pages.docs_ui import assets_router, render_plugins
 from service.api.routes import CONTROLLERS, RAW_ERROR_SHAPES
@@ -219,6 +220,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         middleware=[  # the key check only where keys are configured: a layer costs on every request
             observe_requests(metrics, settings.access_log),
             *([require_api_key(keys)] if keys.enabled else []),
+            schedule_requests(),
             admit_requests(
                 lifecycle,
                 settings.max_in_flight_requests,

@@ -14,7 +14,13 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from service.engine.errors import BatcherClosedError, EngineError, QueueFullError, QueueTimeoutError
+from service.engine.errors import (
+    BatcherClosedError,
+    DeadlineExceededError,
+    EngineError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from service.engine.generation_contract import GenerationCancelledError
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,11 @@ KINDS: dict[str, ErrorKind] = {
         499, "CANCELLED", "the client went away; nobody reads it, but logs and metrics do"
     ),
     "cancelled": ErrorKind(499, "CANCELLED", "the generation was cancelled before it finished"),
+    "deadline_exceeded": ErrorKind(
+        504,
+        "DEADLINE_EXCEEDED",
+        "the request's own deadline (its timeout) passed while it waited; it was not computed",
+    ),
     "internal_error": ErrorKind(
         500, "INTERNAL", "a bug in the service, logged with its traceback; never caused by request content"
     ),
@@ -308,6 +319,8 @@ def problem_of(exc: BaseException, where: str = "") -> Problem:
         return Problem(exc.kind, exc.message, exc.field)
     if isinstance(exc, QueueFullError):
         return Problem("queue_full", str(exc), retry_after_s=max(1, exc.retry_after_s))
+    if isinstance(exc, DeadlineExceededError):
+        return Problem("deadline_exceeded", str(exc))
     if isinstance(exc, QueueTimeoutError):
         return Problem("queue_timeout", str(exc), retry_after_s=DEFAULT_RETRY_AFTER_S)
     if isinstance(exc, BatcherClosedError):

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.exposition import choose_encoder
 
+from service.engine import scheduling
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -121,6 +122,26 @@ class Metrics:
             "requests_rejected",
             "Requests or items refused before reaching the model (queue_full, timeout, closed)",
             ["model", "reason"],
+        )
+        by_class = ["model", "priority"]
+        self.class_depth = gauge(
+            "priority_queue_depth", "Items waiting in a model's queue, by priority class", by_class
+        )
+        self.class_wait = histogram(
+            "priority_wait_seconds",
+            "Time an item waited before its model took it, by priority class",
+            by_class,
+            latency_buckets,
+        )
+        self.class_expired = counter(
+            "priority_expired",
+            "Items removed unanswered at their deadline (the client's, or QUEUE_TIMEOUT_S), by class",
+            by_class,
+        )
+        self.class_displaced = counter(
+            "priority_displaced",
+            "Items refused from a full queue to make room for a more urgent one, by class",
+            by_class,
         )
         self.dropped = counter(
             "requests_dropped",
@@ -275,6 +296,7 @@ class Metrics:
 _REJECT = {
     "queue_full": ("rejected", "queue_full"),
     "timeout": ("rejected", "timeout"),
+    "deadline": ("rejected", "deadline"),
     "closed": ("rejected", "closed"),
     "cancelled": ("dropped", "client_disconnected"),
 }
@@ -295,6 +317,19 @@ class _ModelObserver:
     def on_reject(self, reason: str) -> None:
         kind, label = _REJECT.get(reason, ("rejected", reason))
         getattr(self._m, kind).labels(self._model, label).inc()
+
+    def on_class_depth(self, depths: dict[int, int]) -> None:
+        for number, name in scheduling.NAMES.items():
+            self._m.class_depth.labels(self._model, name).set(depths.get(number, 0))
+
+    def on_class_wait(self, priority: int, seconds: float) -> None:
+        self._m.class_wait.labels(self._model, scheduling.NAMES[priority]).observe(seconds)
+
+    def on_class_expired(self, priority: int) -> None:
+        self._m.class_expired.labels(self._model, scheduling.NAMES[priority]).inc()
+
+    def on_class_displaced(self, priority: int) -> None:
+        self._m.class_displaced.labels(self._model, scheduling.NAMES[priority]).inc()
 
 
 class BatcherMetrics(_ModelObserver):

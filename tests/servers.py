@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,7 @@ class LiveServer:
             time.sleep(0.05)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        self.loop = self.server.servers[0].get_loop()  # the server's event loop, for ``on_loop``
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -63,6 +65,16 @@ class LiveServer:
 
     def pipeline(self, name: str) -> Any:
         return self.app.state.inference.registry.pipelines[name]
+
+    def on_loop(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the server's event loop; its future (``.result()`` waits)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def occupy(self, name: str, seconds: float) -> Any:
+        """Keep model ``name``'s compute thread busy for ``seconds``: what it queues meanwhile waits."""
+        pipeline = self.pipeline(name)
+        worker = getattr(pipeline, "engine", None) or pipeline.batcher  # generation, or a batched model
+        return self.on_loop(worker.in_compute_thread(time.sleep, seconds))
 
 
 class ServiceProcess(service_process.ServiceProcess):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from parity import check_outputs_equal
 
+from service.engine import scheduling
 from service.engine.batcher import (
     BatcherClosedError,
     BatchPolicy,
@@ -25,7 +26,7 @@ from service.engine.batcher import (
     QueueTimeoutError,
     split_by_length,
 )
-from service.engine.errors import InferenceError
+from service.engine.errors import DeadlineExceededError, InferenceError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -435,3 +436,89 @@ def test_submit_before_start_is_refused() -> None:
             await batcher.submit(("early", 1), 1)
 
     asyncio.run(main())
+
+
+# --- priority classes and deadlines (engine/scheduling.py) -------------------------------------
+
+
+async def submit_as(
+    batcher: DynamicBatcher[Item, Any], item: Item, priority: int, timeout_s: float | None = None
+) -> Any:
+    with scheduling.scheduled(priority, timeout_s):
+        return await batcher.submit(item, item[1])
+
+
+def test_the_most_urgent_waiting_item_goes_first_and_fifo_within_a_class() -> None:
+    model = FakeModel(gated=True)
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        order = [
+            ("low0", scheduling.LOW),
+            ("normal0", scheduling.NORMAL),
+            ("low1", scheduling.LOW),
+            ("high0", scheduling.HIGH),
+            ("normal1", scheduling.NORMAL),
+            ("high1", scheduling.HIGH),
+        ]
+        tasks = [asyncio.create_task(submit_as(batcher, (name, 1), p)) for name, p in order]
+        await settle()
+        model.gate.set()
+        await asyncio.gather(first, *tasks)
+
+    run(model, policy(max_batch_size=1), body)
+    assert model.seen() == ["first", "high0", "high1", "normal0", "normal1", "low0", "low1"]
+
+
+def test_a_full_queue_makes_room_for_a_more_urgent_item_by_refusing_the_newest_least_urgent() -> None:
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        lows = [asyncio.create_task(submit_as(batcher, (f"low{n}", 1), scheduling.LOW)) for n in range(2)]
+        normal = asyncio.create_task(submit_as(batcher, ("normal", 1), scheduling.NORMAL))
+        await settle()
+        high = asyncio.create_task(submit_as(batcher, ("high", 1), scheduling.HIGH))
+        await settle()
+        with pytest.raises(QueueFullError, match="more urgent") as displaced:
+            await lows[1]  # the newest of the least urgent class
+        assert displaced.value.displaced and displaced.value.retry_after_s >= 1
+        with pytest.raises(QueueFullError, match="is full"):  # a low item takes no one's place
+            await submit_as(batcher, ("another low", 1), scheduling.LOW)
+        model.gate.set()
+        await asyncio.gather(first, lows[0], normal, high)
+
+    run(model, policy(max_batch_size=1, max_queue_size=3), body, observer)
+    assert model.seen() == ["first", "high", "normal", "low0"]
+    assert observer.rejects == ["queue_full", "queue_full"]
+
+
+def test_a_waiting_item_rises_a_class_as_it_ages_so_low_priority_never_starves() -> None:
+    queue: scheduling.PriorityQueue[tuple[str, int, float]] = scheduling.PriorityQueue(
+        lambda e: (e[1], e[2]), aging_s=5.0
+    )
+    queue.append(("old low", scheduling.LOW, 0.0))
+    queue.append(("new normal", scheduling.NORMAL, 9.0))
+    queue.append(("new high", scheduling.HIGH, 9.5))
+    # at 10 s the old low item has waited two agings: it ranks with the high class, and is older
+    assert [e[0] for e in queue.in_order(3, now=10.0)] == ["old low", "new high", "new normal"]
+    assert [e[0] for e in queue.in_order(3, now=9.9)] == ["new high", "old low", "new normal"]
+    assert queue.displaceable(scheduling.HIGH) == ("old low", scheduling.LOW, 0.0)
+    assert queue.displaceable(scheduling.LOW) is None
+
+
+def test_an_item_past_its_own_deadline_is_removed_by_its_timer_and_never_computed() -> None:
+    model = FakeModel(gated=True)
+    observer = RecordingObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        with pytest.raises(DeadlineExceededError):  # the model is still blocked: only the timer answers
+            await submit_as(batcher, ("late", 1), scheduling.NORMAL, timeout_s=0.05)
+        assert batcher.waiting == 0 and observer.rejects == ["deadline"]
+        model.gate.set()
+        await first
+
+    run(model, policy(queue_timeout_s=10.0), body, observer)
+    assert "late" not in model.seen()

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from .errors import BatcherClosedError, EngineError, InferenceError, QueueFullError, QueueTimeoutError
+from . import scheduling
+from .errors import (
+    BatcherClosedError,
+    DeadlineExceededError,
+    EngineError,
+    InferenceError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from .worker import ModelWorker, Permit, with_defaults
 
 __all__ = [
@@ -65,11 +71,12 @@ class BatchPolicy:
         assert self.queue_timeout_s > 0, "queue_timeout_s must be positive"
 
 
-class BatcherObserver(Protocol):
+class BatcherObserver(scheduling.ClassObserver, Protocol):
     """Where metrics hook in, without the engine depending on prometheus.
 
     Called on the event loop, at the point where each decision is made.
-    Reject reasons: ``"queue_full"``, ``"timeout"``, ``"cancelled"``, ``"closed"``.
+    Reject reasons: ``"queue_full"``, ``"timeout"``, ``"deadline"``, ``"cancelled"``, ``"closed"``.
+    The ``on_class_*`` hooks (``scheduling.ClassObserver``) see the same by priority class.
     """
 
     def on_enqueue(self, depth: int) -> None: ...
@@ -85,7 +92,7 @@ class BatcherObserver(Protocol):
     def on_in_flight(self, items: int) -> None: ...
 
 
-class NullObserver:
+class NullObserver(scheduling.NullClassObserver):
     """No-op observer; subclass it and override only the hooks you need."""
 
     def on_enqueue(self, depth: int) -> None:
@@ -137,6 +144,9 @@ class _Entry(Generic[In, Out]):
     cost: int
     future: asyncio.Future[Out]
     enqueued_at: float
+    priority: int = scheduling.NORMAL
+    expires_at: float = float("inf")  # the client's deadline, or the queue's own timeout
+    client_deadline: bool = False  # expires_at is the client's: 504, not 503
     taken: bool = False
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
@@ -162,7 +172,9 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         super().__init__(name, policy.max_queue_size, policy.max_batch_size, self._observer.on_reject)
         self.policy = policy
         self._run_batch = run_batch
-        self._queue: deque[_Entry[In, Out]] = deque()
+        self._queue: scheduling.PriorityQueue[_Entry[In, Out]] = scheduling.PriorityQueue(
+            lambda e: (e.priority, e.enqueued_at)
+        )
 
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) ------------------
 
@@ -184,10 +196,16 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         else:
             permit.use()
         loop = asyncio.get_running_loop()
-        entry: _Entry[In, Out] = _Entry(item, cost, loop.create_future(), time.monotonic())
-        entry.timer = loop.call_later(self.policy.queue_timeout_s, self._expire, entry)
+        now = time.monotonic()
+        request = scheduling.current()
+        expires_at, client_deadline = request.wait_limit(self.policy.queue_timeout_s, now)
+        entry: _Entry[In, Out] = _Entry(
+            item, cost, loop.create_future(), now, request.priority, expires_at, client_deadline
+        )
+        entry.timer = loop.call_at(loop.time() + max(0.0, expires_at - now), self._expire, entry)
         self._queue.append(entry)
         self._observer.on_enqueue(len(self._queue))
+        self._observer.on_class_depth(self._queue.depth_by_class())
         self._wakeup.set()
         try:
             return await entry.future
@@ -204,6 +222,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         if entry.timer is not None:
             entry.timer.cancel()
         self._observer.on_dequeue(len(self._queue))
+        self._observer.on_class_depth(self._queue.depth_by_class())
 
     def _drop_cancelled(self, entry: _Entry[In, Out]) -> None:
         """The caller went away while its entry was still queued: drop it before the model sees it."""
@@ -217,17 +236,36 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             self._observer.on_reject("cancelled")
 
     def _expire(self, entry: _Entry[In, Out]) -> None:
-        """Timer callback (and a check while forming): fail an entry that waited too long."""
+        """Timer callback at the entry's deadline (and a check while forming): fail it, never computed."""
         if entry.taken or entry.future.done():
             return
         self._remove(entry)
-        self._observer.on_reject("timeout")
-        entry.future.set_exception(QueueTimeoutError(self.name, time.monotonic() - entry.enqueued_at))
+        waited = time.monotonic() - entry.enqueued_at
+        if entry.client_deadline:
+            self._observer.on_reject("deadline")
+            self._observer.on_class_expired(entry.priority)
+            entry.future.set_exception(DeadlineExceededError(self.name, waited))
+        else:
+            self._observer.on_reject("timeout")
+            self._observer.on_class_expired(entry.priority)
+            entry.future.set_exception(QueueTimeoutError(self.name, waited))
+
+    def _displace(self, priority: int) -> bool:
+        victim = self._queue.displaceable(priority)
+        if victim is None:
+            return False
+        self._remove(victim)
+        self._observer.on_reject("queue_full")
+        self._observer.on_class_displaced(victim.priority)
+        victim.future.set_exception(
+            QueueFullError(self.name, len(self._queue), self.retry_after_s(), displaced=True)
+        )
+        return True
 
     def _fail_pending(self, error: BaseException, drained: bool) -> None:
         """Fail what still waits; the batch in flight is failed by ``_execute`` when the loop is cancelled."""
         while self._queue:
-            entry = self._queue[0]
+            entry = self._queue.peek()
             self._remove(entry)
             if not entry.future.done():
                 self._observer.on_reject("closed")
@@ -258,7 +296,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
                 continue
             if self._closed or self._queue_fills_a_batch():
                 return True
-            remaining = self._queue[0].enqueued_at + delay_s - time.monotonic()
+            remaining = self._queue.peek().enqueued_at + delay_s - time.monotonic()
             if remaining <= 0:
                 return True
             self._wakeup.clear()
@@ -267,7 +305,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
 
     def _queue_fills_a_batch(self) -> bool:
         """No point waiting for more once the head of the queue already fills the size or token budget."""
-        head = list(itertools.islice(self._queue, self.policy.max_batch_size))
+        head = self._queue.in_order(self.policy.max_batch_size)
         if len(head) >= self.policy.max_batch_size:
             return True
         return max(e.cost for e in head) * len(head) >= self.policy.max_batch_tokens
@@ -278,17 +316,17 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         batch: list[_Entry[In, Out]] = []
         max_cost = 0
         while self._queue and len(batch) < self.policy.max_batch_size:
-            entry = self._queue[0]
+            entry = self._queue.peek(now)
             if entry.future.done():  # defensive: should already have been removed
-                self._queue.popleft()
+                self._queue.remove(entry)
                 continue
-            if now - entry.enqueued_at > self.policy.queue_timeout_s:
+            if now >= entry.expires_at:
                 self._expire(entry)
                 continue
             padded = max(max_cost, entry.cost) * (len(batch) + 1)
             if batch and padded > self.policy.max_batch_tokens:
                 break
-            self._queue.popleft()
+            self._queue.remove(entry)
             if entry.timer is not None:
                 entry.timer.cancel()
             entry.taken = True
@@ -296,6 +334,9 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             batch.append(entry)
         if batch:
             self._observer.on_dequeue(len(self._queue))
+            self._observer.on_class_depth(self._queue.depth_by_class())
+            for entry in batch:
+                self._observer.on_class_wait(entry.priority, now - entry.enqueued_at)
         return batch
 
     async def _execute(self, batch: list[_Entry[In, Out]]) -> None:

@@ -27,13 +27,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from . import scheduling
 from .decoder_graph import DecoderGraph
-from .errors import EngineError, InferenceError, PromptError, QueueTimeoutError
+from .errors import (
+    DeadlineExceededError,
+    EngineError,
+    InferenceError,
+    PromptError,
+    QueueFullError,
+    QueueTimeoutError,
+)
 from .generation_contract import (
     GenerationObserver,
     GenerationRequest,
@@ -77,7 +84,9 @@ class GenerationEngine(ModelWorker):
         self.max_running = max_running
         self.queue_timeout_s = queue_timeout_s
         self._batch = RunningBatch(DecoderGraph(model.graphs["model"], manifest, model.inplace.get("model")))
-        self._waiting: deque[SequenceState] = deque()
+        self._waiting: scheduling.PriorityQueue[SequenceState] = scheduling.PriorityQueue(
+            lambda s: (s.priority, s.submitted_at)
+        )
         self._prefilling: list[SequenceState] = []
         self.cancelled_sequences = 0
 
@@ -123,7 +132,11 @@ class GenerationEngine(ModelWorker):
         seq = SequenceState(
             request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode
         )
-        seq.timer = asyncio.get_running_loop().call_later(self.queue_timeout_s, self._expire, seq)
+        asked = scheduling.current()
+        seq.priority, seq.deadline = asked.priority, asked.deadline
+        seq.expires_at, seq.client_deadline = asked.wait_limit(self.queue_timeout_s, seq.submitted_at)
+        loop = asyncio.get_running_loop()
+        seq.timer = loop.call_at(loop.time() + max(0.0, seq.expires_at - seq.submitted_at), self._expire, seq)
         self._waiting.append(seq)
         self._depth_changed()
         self._wakeup.set()
@@ -145,26 +158,47 @@ class GenerationEngine(ModelWorker):
             raise PromptError(f"prompt token ids must lie in [0, {self.vocab_size})", "unknown_token")
 
     def _admit(self) -> list[SequenceState]:
-        """Take waiting sequences, oldest first, while the batch has room."""
+        """Take waiting sequences, the most urgent first (oldest first within a class), while the batch has
+        room."""
         newcomers: list[SequenceState] = []
+        now = time.monotonic()
         while self._waiting and self.running + len(newcomers) < self.max_running:
-            seq = self._waiting.popleft()
+            seq = self._waiting.popleft(now)
             if seq.timer is not None:
                 seq.timer.cancel()
             if not seq.done:
                 newcomers.append(seq)
+                self._hooks.on_class_wait(seq.priority, now - seq.submitted_at)
         if newcomers:
             self._depth_changed()
         return newcomers
 
     def _expire(self, seq: SequenceState) -> None:
-        """Timer callback: the request waited too long for a place in the batch."""
+        """Timer callback at its deadline: the request waited too long for a place in the batch."""
         if seq not in self._waiting:
             return
         self._waiting.remove(seq)
-        self._hooks.on_reject("timeout")
-        seq.stream._fail(QueueTimeoutError(self.name, time.monotonic() - seq.submitted_at))
+        waited = time.monotonic() - seq.submitted_at
+        self._hooks.on_reject("deadline" if seq.client_deadline else "timeout")
+        self._hooks.on_class_expired(seq.priority)
+        error = DeadlineExceededError if seq.client_deadline else QueueTimeoutError
+        seq.stream._fail(error(self.name, waited))
         self._depth_changed()
+
+    def _displace(self, priority: int) -> bool:
+        victim = self._waiting.displaceable(priority)
+        if victim is None:
+            return False
+        self._waiting.remove(victim)
+        if victim.timer is not None:
+            victim.timer.cancel()
+        self._hooks.on_reject("queue_full")
+        self._hooks.on_class_displaced(victim.priority)
+        victim.stream._fail(
+            QueueFullError(self.name, len(self._waiting), self.retry_after_s(), displaced=True)
+        )
+        self._depth_changed()
+        return True
 
     def _on_stream_cancel(self, stream: GenerationStream) -> None:
         """Stream callback on ``cancel()``: count it; a waiting sequence leaves the queue now."""
@@ -181,6 +215,7 @@ class GenerationEngine(ModelWorker):
 
     def _depth_changed(self) -> None:
         self._hooks.on_depth(len(self._waiting), self.running)
+        self._hooks.on_class_depth(self._waiting.depth_by_class())
 
     # --- decoding loop ------------------------------------------------------------------------
 
@@ -262,6 +297,8 @@ class GenerationEngine(ModelWorker):
                 self._hooks.on_token(now - seq.last_token_at)
             seq.last_token_at = now
             seq.stream._push(event)
+            if seq.finish_reason is None and seq.deadline is not None and now >= seq.deadline:
+                seq.end_at_deadline()  # it leaves the batch at the next step
             if seq.finish_reason is not None:
                 self._finish(seq, now)
 

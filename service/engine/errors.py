@@ -14,11 +14,13 @@ class QueueFullError(EngineError):
     ``Retry-After`` rather than letting connections pile up.
     """
 
-    def __init__(self, model: str, depth: int, retry_after_s: int) -> None:
-        super().__init__(f"queue for model {model!r} is full ({depth} waiting); retry after {retry_after_s}s")
+    def __init__(self, model: str, depth: int, retry_after_s: int, displaced: bool = False) -> None:
+        why = "a more urgent request took its place" if displaced else f"is full ({depth} waiting)"
+        super().__init__(f"queue for model {model!r} {why}; retry after {retry_after_s}s")
         self.model = model
         self.depth = depth
         self.retry_after_s = retry_after_s
+        self.displaced = displaced
 
 
 class QueueTimeoutError(EngineError):
@@ -26,6 +28,18 @@ class QueueTimeoutError(EngineError):
 
     def __init__(self, model: str, waited_s: float) -> None:
         super().__init__(f"request for model {model!r} waited {waited_s:.3f}s in the queue and timed out")
+        self.model = model
+        self.waited_s = waited_s
+
+
+class DeadlineExceededError(EngineError):
+    """The request's own deadline passed while its work waited: removed unanswered, never computed."""
+
+    def __init__(self, model: str, waited_s: float) -> None:
+        super().__init__(
+            f"request for model {model!r} passed its deadline after waiting {waited_s:.3f}s in the queue; "
+            "it was not computed"
+        )
         self.model = model
         self.waited_s = waited_s
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from .errors import EngineError
 from .sampling import SamplingParams, TokenLogprob
+from .scheduling import ClassObserver, NullClassObserver
 
 __all__ = [
     "GenerationCancelledError",
@@ -47,7 +48,7 @@ class TokenEvent:
 class GenerationResult:
     token_ids: list[int]  # every generated id, eos included when it ended the sequence
     text: str
-    finish_reason: str  # "length" | "stop" | "eos"
+    finish_reason: str  # "length" | "stop" | "eos" | "deadline" (the client's deadline passed mid-way)
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token_s: float
@@ -65,7 +66,7 @@ class GenerationCancelledError(EngineError):
         self.model = model
 
 
-class GenerationObserver(Protocol):
+class GenerationObserver(ClassObserver, Protocol):
     """Where metrics hook in; called on the event loop. Every hook is optional (``worker.with_defaults``).
 
     Reject reasons: ``"queue_full"``, ``"timeout"``, ``"closed"``.
@@ -86,7 +87,7 @@ class GenerationObserver(Protocol):
     def on_depth(self, waiting: int, running: int) -> None: ...
 
 
-class NullGenerationObserver:
+class NullGenerationObserver(NullClassObserver):
     """No-op observer; subclass it and override only the hooks you need."""
 
     def on_first_token(self, seconds: float) -> None:

@@ -48,6 +48,10 @@ class SequenceState:
         self.detokenizer = IncrementalDetokenizer(decode, request.sampling.stop)
         self.finish_reason: str | None = None
         self.submitted_at = time.monotonic()
+        self.priority = 1  # scheduling.NORMAL; set by the engine from the request's scheduling
+        self.expires_at = float("inf")  # while waiting: the client's deadline, or the queue's timeout
+        self.client_deadline = False  # expires_at is the client's: 504, not 503
+        self.deadline: float | None = None  # the client's deadline, which also ends a running sequence
         self.first_token_at = 0.0
         self.last_token_at = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -80,6 +84,11 @@ class SequenceState:
         if self.finish_reason in ("eos", "length"):
             text += self.detokenizer.flush(self.generated)
         return TokenEvent(len(self.generated) - 1, token, text, logprob)
+
+    def end_at_deadline(self) -> None:
+        """The client's deadline passed while it decoded: it ends now, with what it has."""
+        self.finish_reason = "deadline"
+        self.detokenizer.flush(self.generated)
 
     def result(self, now: float) -> GenerationResult:
         assert self.finish_reason is not None, "result of an unfinished sequence"

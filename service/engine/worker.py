@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from . import scheduling
 from .errors import BatcherClosedError, QueueFullError
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,11 @@ class ModelWorker(ABC):
     def _fail_pending(self, error: BaseException, drained: bool) -> None:
         """Fail what is still waiting (and, once ``drained``, what still runs) with ``error``."""
 
+    @abstractmethod
+    def _displace(self, priority: int) -> bool:
+        """Refuse the least urgent, newest waiting item of a class less urgent than ``priority`` with a
+        QueueFullError (it was displaced); False when there is none."""
+
     @property
     def accepting(self) -> bool:
         return self._worker is not None and not self._closed
@@ -132,9 +138,13 @@ class ModelWorker(ABC):
         The check of an item queued without a permit. A closed worker is left to ``check_open`` at
         submission, which says so.
         """
-        if self.accepting and self.waiting + self._reserved + count > self.max_queue_size:
-            self._on_reject("queue_full")
-            raise QueueFullError(self.name, self.waiting, self.retry_after_s())
+        if not self.accepting:
+            return
+        priority = scheduling.current().priority
+        while self.waiting + self._reserved + count > self.max_queue_size:
+            if not self._displace(priority):  # a more urgent request takes the place of a less urgent one
+                self._on_reject("queue_full")
+                raise QueueFullError(self.name, self.waiting, self.retry_after_s())
 
     def reserve(self, count: int) -> Permit:
         """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""

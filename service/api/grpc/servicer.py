@@ -32,6 +32,7 @@ from service.api.oip.metadata import EXTENSIONS, PLATFORM, SERVER_NAME, model_me
 from service.api.oip.tasks import signature
 from service.context import RequestContext, bind, unbind
 from service.inference import InferenceService
+from service.inference.scheduling import scheduled
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics
 
@@ -74,8 +75,10 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         in_flight = self.metrics.grpc_in_flight.labels(method)
         in_flight.inc()
         started, code = time.perf_counter(), grpc.StatusCode.OK
+        remaining = context.time_remaining()  # the call's deadline, where the client set one
         try:
-            return await work()
+            with scheduled(timeout_s=remaining if remaining is not None and remaining > 0 else None):
+                return await work()
         except Exception as exc:
             code, message = status_of(exc)
             await context.abort(code, message)

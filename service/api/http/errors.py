@@ -142,4 +142,4 @@ def error_responses(*codes: int, body: type[Any] = ErrorBody, on_400: str = "") 
     }
 
 
-INFERENCE_ERRORS = error_responses(400, 404, 408, 413, 415, 422, 429, 500, 503)
+INFERENCE_ERRORS = error_responses(400, 404, 408, 413, 415, 422, 429, 500, 503, 504)

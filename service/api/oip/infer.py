@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.api.oip.tasks import Call, Signature, bind_inputs, flag, run, signature
+from service.api.oip.tasks import Call, Signature, bind_inputs, flag, run, scheduling_of, signature
 from service.api.oip.tensors import Output, Tensor
 from service.errors import InvalidInputError
 from service.inference import CacheControl, InferenceService, Outcome
@@ -66,7 +66,8 @@ async def infer(core: InferenceService, call: InferCall) -> InferResult:
     use_cache = flag(parameters, "cache", True)
     wanted = _requested(model.name, sig, call.outputs, binary_default)
     cache = CacheControl.of(use_cache, call.use_cache_header, call.cache_scope)
-    outcome, outputs = await run(model, inputs, parameters, Call(core, cache, call.request_id))
+    with scheduling_of(parameters):
+        outcome, outputs = await run(model, inputs, parameters, Call(core, cache, call.request_id))
     by_name = {o.name: o for o in outputs}
     selected = (  # in the order asked for; all of them, in the model's order, when none is named
         [(by_name[name], binary) for name, binary in wanted.items()]

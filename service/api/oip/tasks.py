@@ -19,6 +19,7 @@ core's parameter names back to the protocol's (``text[2]``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,14 +38,16 @@ from service.inference import (
     TensorSpec,
     image_bytes,
 )
+from service.inference.scheduling import priority_of_triton, scheduled, timeout_of
 
 # Request parameters every model takes: the binary extension's, the response cache's, and Triton's
 # scheduling hints that a dynamic batcher without priorities accepts and ignores.
 COMMON_PARAMETERS = {
     "binary_data_output": "bool: every output as binary data, unless an output says otherwise",
     "cache": "bool: false skips the response-cache look-up (the fresh result is still stored)",
-    "priority": "accepted and ignored (one queue per model)",
-    "timeout": "accepted and ignored (the queue has its own deadline)",
+    "priority": "int: Triton's priority level: 0 the default (normal), 1 high, 2 normal, 3 and above low",
+    "timeout": "int: microseconds until this request's deadline: work still waiting then is never "
+    "computed (504); a generation running then ends (finish_reason deadline)",
 }
 
 
@@ -94,6 +97,16 @@ def signature(model: ServedModel) -> Signature:
 
 
 # --- parameters: the protocol's names -> the core's -----------------------------------------------
+
+
+def scheduling_of(parameters: Mapping[str, Any]) -> AbstractContextManager[Any]:
+    """The request's ``priority`` (Triton's levels) and ``timeout`` (µs), for the core's queues."""
+    priority = parameters.get("priority")
+    timeout = parameters.get("timeout")
+    return scheduled(
+        None if priority is None else priority_of_triton(priority, "parameters.priority"),
+        None if timeout is None else timeout_of(timeout, "parameters.timeout", 1e-6),
+    )
 
 
 def flag(parameters: Mapping[str, Any], name: str, default: bool) -> bool:

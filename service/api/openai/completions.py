@@ -45,6 +45,7 @@ _FINISH: dict[str, Literal["stop", "length"]] = {
     "eos": "stop",
     "stop": "stop",
     "length": "length",
+    "deadline": "length",  # cut short by the request's timeout_ms: OpenAI's word for a cut completion
 }  # eos: "stop"
 
 _OK = ResponseSpec(
@@ -179,7 +180,7 @@ class CompletionsController(Controller):
         param, code}}``; invalid parameters answer 400.
         """
         core = services.inference
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             core.check_ready()
             await core.resident(data.model)
             texts = TokenTexts(core.model(data.model, task="text-generation"))

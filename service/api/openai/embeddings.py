@@ -23,6 +23,7 @@ from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.http.guards import json_post
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
+from service.api.openai.schemas import Scheduled
 
 
 def _no_token_ids(value: Any) -> Any:
@@ -39,7 +40,7 @@ def _no_token_ids(value: Any) -> Any:
     return value
 
 
-class EmbeddingsRequest(NoBooleanNumbers):
+class EmbeddingsRequest(Scheduled, NoBooleanNumbers):
     """OpenAI's ``POST /v1/embeddings`` body."""
 
     model_config = ConfigDict(extra="forbid")
@@ -114,7 +115,7 @@ class EmbeddingsController(Controller):
         embeddings were not trained to be shortened. Errors are OpenAI's ``{"error": {message, type,
         param, code}}``; invalid parameters answer 400."""
         work = services.inference.embed(data.texts, True, data.model, cache_control(request), data.dimensions)
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             outcome = await unless_disconnected(request, work)
         return EmbeddingsResponse(
             data=[EmbeddingData.of(i, e.vector, data.encoding_format) for i, e in enumerate(outcome.results)],

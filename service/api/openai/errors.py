@@ -78,5 +78,5 @@ def openai_error_responses(*codes: int) -> dict[int, ResponseSpec]:
     return error_responses(*codes, body=OpenAIErrorBody, on_400="; `validation_error` (a field is invalid)")
 
 
-OPENAI_ERRORS = openai_error_responses(400, 404, 408, 413, 415, 429, 500, 503)
+OPENAI_ERRORS = openai_error_responses(400, 404, 408, 413, 415, 429, 500, 503, 504)
 """The statuses an OpenAI inference route answers with (validation errors are 400s here)."""

@@ -9,6 +9,7 @@ silently ignored; unknown fields too.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,6 +20,7 @@ from service.api.http.body_schema import ModelName, Text, json_body, json_schema
 from service.api.http.fields import FieldNames, one_or_many
 from service.errors import KINDS
 from service.inference import SamplingParams
+from service.inference.scheduling import priority_of_vllm, scheduled
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)
 DEFAULTS = SamplingParams()  # every other default: the engine's own
@@ -38,7 +40,29 @@ def _unsupported(field: str, why: str) -> PydanticCustomError:
     return PydanticCustomError("unsupported", "{field} is not supported: {why}", {"field": field, "why": why})
 
 
-class CompletionRequest(NoBooleanNumbers):
+class Scheduled(BaseModel):
+    """vLLM's ``priority`` extension, and this service's ``timeout_ms``."""
+
+    priority: int | None = Field(
+        default=None,
+        description="vLLM's extension: below 0 the high class, 0 normal (the default), above 0 low "
+        "(default: `X-Request-Priority`)",
+    )
+    timeout_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=3_600_000,
+        description="This request's deadline in milliseconds: work still waiting then is never computed "
+        "(504); a generation running then ends (finish_reason length)",
+    )
+
+    def scheduled(self) -> AbstractContextManager[Any]:
+        """Within the block, the core queues this request's work with its priority and deadline."""
+        priority = None if self.priority is None else priority_of_vllm(self.priority, "priority")
+        return scheduled(priority, self.timeout_ms / 1000 if self.timeout_ms is not None else None)
+
+
+class CompletionRequest(Scheduled, NoBooleanNumbers):
     """OpenAI's ``POST /v1/completions`` body. Every prompt x ``n`` choice is one sequence in the engine's
     running batch; choice ``i`` of a seeded request samples with ``seed + i`` (as vLLM does)."""
 

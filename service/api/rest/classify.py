@@ -45,7 +45,7 @@ class ClassifyController(Controller):
         a 422 naming ``model``.
         """
         core, cache = services.inference, cache_control(request, data.cache)
-        with data.field_names() as names:
+        with data.field_names() as names, data.scheduled():
             if data.is_image:
                 images = [
                     image_bytes(names.field("inputs", i) or "image", value, core.limits.max_image_bytes)

@@ -30,6 +30,6 @@ class EmbedController(Controller):
         work = services.inference.embed(
             data.inputs, data.normalize, data.model, cache_control(request, data.cache)
         )
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             outcome = await unless_disconnected(request, work)
         return EmbedResponse(**envelope(outcome), results=[EmbeddingOut.of(e) for e in outcome.results])

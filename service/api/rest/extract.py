@@ -28,7 +28,7 @@ class ExtractController(Controller):
             cache_control(request, data.cache),
             data.attention_query(),
         )
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             if data.task == "entities":
                 tagged = await unless_disconnected(
                     request, core.entities(data.inputs, data.model, cache, attention)

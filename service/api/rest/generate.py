@@ -47,7 +47,7 @@ class GenerateController(Controller):
         """
         core, request_id = services.inference, request_id_of(request) or ""
         params = data.sampling_params()
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             if data.stream:
                 streams = await core.open_streams(data.prompts_given, params, data.model, request_id)
                 return generation_events(streams, request_id or None)

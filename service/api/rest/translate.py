@@ -36,7 +36,7 @@ class TranslateController(Controller):
         work = services.inference.translate(
             data.inputs, params, data.model, cache_control(request, data.cache), data.attention_query()
         )
-        with data.field_names():
+        with data.field_names(), data.scheduled():
             outcome = await unless_disconnected(request, work)
         results = [
             TranslationOut.of(t, data.num_return_sequences, data.return_scores) for t in outcome.results

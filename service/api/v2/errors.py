@@ -60,5 +60,5 @@ def v2_error_responses(*codes: int) -> dict[int, ResponseSpec]:
     return error_responses(*codes, body=V2ErrorBody, on_400=on_400)
 
 
-V2_ERRORS = v2_error_responses(400, 404, 408, 413, 429, 500, 503)
+V2_ERRORS = v2_error_responses(400, 404, 408, 413, 429, 500, 503, 504)
 """The statuses a v2 inference route answers with (validation errors are 400s here)."""

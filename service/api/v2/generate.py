@@ -21,7 +21,7 @@ from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationEvents
-from service.api.oip.tasks import core_parameters, field_names, flag
+from service.api.oip.tasks import core_parameters, field_names, flag, scheduling_of
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from service.api.v2.schemas import GenerateRequest, GenerateResponse
 from service.errors import InvalidInputError
@@ -111,21 +111,22 @@ class GenerateExtensionController(Controller):
         core = services.inference
         model = await _model(core, model_name, model_version)
         parameters = _parameters(data)
-        outcome: Outcome[Any]
-        if model.task == "translation":
-            outcome, best = await _translation(core, model, data.text_input, parameters, request)
-            text, finish = best.text, best.finish_reason
-        else:
-            values, names = core_parameters(model.name, model.contract, parameters)
-            cache = cache_control(request, flag(parameters, "cache", True))
-            with field_names("text_input", names):
-                params = sampling_params(**values)
-                work = core.generate(
-                    [data.text_input], params, model.ref, cache, request_id_of(request) or ""
-                )
-                generated = await unless_disconnected(request, work)
-            outcome = generated
-            text, finish = generated.results[0].text, generated.results[0].finish_reason
+        with scheduling_of(parameters):
+            outcome: Outcome[Any]
+            if model.task == "translation":
+                outcome, best = await _translation(core, model, data.text_input, parameters, request)
+                text, finish = best.text, best.finish_reason
+            else:
+                values, names = core_parameters(model.name, model.contract, parameters)
+                cache = cache_control(request, flag(parameters, "cache", True))
+                with field_names("text_input", names):
+                    params = sampling_params(**values)
+                    work = core.generate(
+                        [data.text_input], params, model.ref, cache, request_id_of(request) or ""
+                    )
+                    generated = await unless_disconnected(request, work)
+                outcome = generated
+                text, finish = generated.results[0].text, generated.results[0].finish_reason
         return GenerateResponse(
             id=data.id,
             model_name=outcome.model,
@@ -157,16 +158,17 @@ class GenerateExtensionController(Controller):
         base: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if data.id is not None:
             base = {"id": data.id, **base}
-        if model.task == "translation":
-            _, best = await _translation(core, model, data.text_input, parameters, request)
-            chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
-            return ServerSentEvent(_single(chunk))
-        flag(parameters, "cache", True)  # checked, though a stream is never cached
-        values, names = core_parameters(model.name, model.contract, parameters)
-        with field_names("text_input", names):
-            streams = await core.open_streams(
-                [data.text_input], sampling_params(**values), model.ref, request_id_of(request) or ""
-            )
+        with scheduling_of(parameters):
+            if model.task == "translation":
+                _, best = await _translation(core, model, data.text_input, parameters, request)
+                chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
+                return ServerSentEvent(_single(chunk))
+            flag(parameters, "cache", True)  # checked, though a stream is never cached
+            values, names = core_parameters(model.name, model.contract, parameters)
+            with field_names("text_input", names):
+                streams = await core.open_streams(
+                    [data.text_input], sampling_params(**values), model.ref, request_id_of(request) or ""
+                )
         return GenerationEvents(_token_chunks(streams, base, request), streams)
 
 

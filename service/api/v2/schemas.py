@@ -102,7 +102,9 @@ class GenerateResponse(BaseModel):
     model_name: str
     model_version: str
     text_output: str = Field(description="The completion (without the prompt), or the translation")
-    finish_reason: str = Field(description="length | stop | eos")
+    finish_reason: str = Field(
+        description="length | stop | eos | deadline (the request's timeout passed while it decoded)"
+    )
 
     @model_serializer(mode="wrap")
     def _id_only_when_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -12,6 +13,7 @@ from service.api.http.body_schema import ModelName, Text
 from service.api.http.fields import FieldNames, one_or_many
 from service.inference import Usage
 from service.inference.params import RANGES
+from service.inference.scheduling import CLASSES, scheduled
 
 
 def ranged(name: str, default: Any, description: str) -> Any:
@@ -38,6 +40,27 @@ class Request(NoBooleanNumbers):
         description="false: skip the response-cache look-up (the fresh result is still stored); "
         "the same as the request header `Cache-Control: no-cache`",
     )
+    priority: Literal["high", "normal", "low"] | None = Field(
+        default=None,
+        description="Queue priority class (default: `X-Request-Priority`, else normal): the most urgent "
+        "waiting work is taken first, and a full queue makes room for it by refusing (429) the least "
+        "urgent newest waiting item",
+    )
+    timeout_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=3_600_000,
+        description="This request's deadline in milliseconds (default: `X-Request-Timeout-Ms`): work still "
+        "waiting then is never computed (504 deadline_exceeded); a generation running then ends with "
+        "finish_reason deadline",
+    )
+
+    def scheduled(self) -> AbstractContextManager[Any]:
+        """Within the block, the core queues this request's work with its priority and deadline."""
+        return scheduled(
+            CLASSES[self.priority] if self.priority is not None else None,
+            self.timeout_ms / 1000 if self.timeout_ms is not None else None,
+        )
 
 
 def exactly_one(values: dict[str, Any], *fields: str) -> None:

@@ -76,7 +76,9 @@ GenerateBody = Annotated[
 
 class GenerationOut(BaseModel):
     text: str = Field(description="The completion (without the prompt; cut before a stop string)")
-    finish_reason: str = Field(description="length | stop | eos")
+    finish_reason: str = Field(
+        description="length | stop | eos | deadline (the request's timeout_ms passed while it decoded)"
+    )
     prompt_tokens: int
     completion_tokens: int
 

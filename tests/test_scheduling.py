@@ -1,0 +1,165 @@
+"""Priorities and deadlines through the doors (service/engine/scheduling.py): a real server on loopback,
+the model's compute thread kept busy on purpose (``LiveServer.occupy``) so that what arrives meanwhile
+waits in its queue, in a known order. Completion order is asserted, never a duration."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+from servers import LiveServer, metric
+from tritonclient.utils import InferenceServerException
+
+from harness.ports import free_port
+from service.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: Path) -> Iterator[LiveServer]:
+    port = free_port()
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models,
+        SERVED_MODELS=["bert-classifier", "gpt"],
+        CACHE_ENABLED=False,
+        MAX_BATCH_SIZE=1,
+        MAX_RUNNING_SEQUENCES=1,
+        GRPC_PORT=port,
+    )
+    with LiveServer(settings) as live:
+        live.grpc_url = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+        yield live
+
+
+def _computed(server: LiveServer, model: str) -> float:
+    """Items the model has computed so far (the sum of its batch sizes)."""
+    return metric(server.url, "tserve_batch_size_sum", model=model)
+
+
+def _in_order(server: LiveServer, requests: list[tuple[str, dict[str, Any], dict[str, str]]]) -> list[str]:
+    """Send each (label, body, headers) to /v1/classify a moment apart, while the model is busy; the
+    labels in the order their answers came back."""
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def send(label: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+        r = httpx.post(f"{server.url}/v1/classify", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        with lock:
+            done.append(label)
+
+    batcher = server.pipeline("bert-classifier").batcher
+    run_batch = batcher._run_batch
+
+    def spaced(items: list[Any]) -> Any:  # the real model, then a pause: answers come back well apart
+        out = run_batch(items)
+        time.sleep(0.05)
+        return out
+
+    batcher._run_batch = spaced
+    try:
+        busy = server.occupy("bert-classifier", 1.5)
+        threads = []
+        for label, body, headers in requests:
+            threads.append(threading.Thread(target=send, args=(label, body, headers)))
+            threads[-1].start()
+            time.sleep(0.1)  # each queued before the next is sent
+        busy.result(timeout=30)
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        batcher._run_batch = run_batch
+    return done
+
+
+@contextlib.contextmanager
+def _one_taken(server: LiveServer) -> Iterator[None]:
+    """Within the block, the classifier's batcher holds one request it took, waiting for the busy
+    compute thread (``occupy``): a request sent meanwhile waits in the queue."""
+    busy = server.occupy("bert-classifier", 1.0)
+    filler = threading.Thread(
+        target=lambda: httpx.post(f"{server.url}/v1/classify", json={"text": "taken"}, timeout=60)
+    )
+    filler.start()
+    time.sleep(0.1)
+    try:
+        yield
+    finally:
+        busy.result(timeout=30)
+        filler.join(timeout=60)
+
+
+def test_an_urgent_request_overtakes_the_ones_queued_ahead_of_it(server: LiveServer) -> None:
+    lows = [(f"low{i}", {"text": f"low {i}", "priority": "low"}, {}) for i in range(4)]
+    high = ("high", {"text": "urgent"}, {"X-Request-Priority": "high"})  # the header's way
+    normal = ("normal", {"text": "normal"}, {})
+    order = _in_order(server, [*lows, normal, high])
+    # low0 was taken before the others came (its batch waits for the busy thread); then the most
+    # urgent first, whatever came before, and first in, first out within a class
+    assert order == ["low0", "high", "normal", "low1", "low2", "low3"], order
+
+
+def test_a_request_past_its_deadline_while_queued_is_a_504_and_never_computed(server: LiveServer) -> None:
+    before = _computed(server, "bert-classifier")
+    with _one_taken(server):  # the batcher waits for it; what comes next waits in the queue
+        r = httpx.post(f"{server.url}/v1/classify", json={"text": "late", "timeout_ms": 200}, timeout=60)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "deadline_exceeded"
+    time.sleep(0.2)
+    assert _computed(server, "bert-classifier") == before + 1  # the one taken; the late one never
+    assert metric(server.url, "tserve_priority_expired_total", model="bert-classifier") >= 1
+    header = httpx.post(
+        f"{server.url}/v1/classify", json={"text": "x"}, headers={"X-Request-Timeout-Ms": "soon"}, timeout=30
+    )
+    assert header.status_code == 422 and header.json()["error"]["field"] == "X-Request-Timeout-Ms"
+
+
+def test_a_grpc_call_with_a_client_timeout_is_removed_at_its_deadline(server: LiveServer) -> None:
+    client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
+    text = tgrpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a call with a deadline"], dtype=object))
+    before = _computed(server, "bert-classifier")
+    with _one_taken(server), pytest.raises(InferenceServerException) as caught:
+        client.infer("bert-classifier", [text], client_timeout=0.2)
+    assert "DEADLINE_EXCEEDED" in str(caught.value.status())
+    time.sleep(0.5)
+    assert _computed(server, "bert-classifier") == before + 1
+    # the Open Inference Protocol's own parameter does the same over HTTP
+    r = httpx.post(
+        f"{server.url}/v2/models/bert-classifier/infer",
+        json={
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+            "parameters": {"timeout": 100_000},  # µs
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200  # the model is idle now: answered within its deadline
+    client.close()
+
+
+def test_a_generation_past_its_deadline_ends_with_finish_reason_deadline(server: LiveServer) -> None:
+    """Its first token out, the engine is held past the request's deadline: the sequence ends at its next
+    step with what it has, its usage counted, instead of decoding to its length."""
+    body = {"prompt": "KING:", "max_new_tokens": 60, "temperature": 0, "timeout_ms": 150, "stream": True}
+    events: list[dict[str, Any]] = []
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as client,
+        client.stream("POST", "/v1/generate", json=body) as r,
+    ):
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+                if len(events) == 1:
+                    server.occupy("gpt", 0.4).result(timeout=30)  # the next step starts past the deadline
+    done = events[-1]
+    assert done["finish_reason"] == "deadline", done
+    assert 1 <= done["usage"]["output_tokens"] < 60
+    assert done["text"] == "".join(e["text"] for e in events[:-1])
