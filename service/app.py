@@ -63,6 +63,7 @@ from service.lifecycle import Lifecycle
 from service.logs import configure_logging
 from service.memory import MemoryTrimmer
 from service.metrics import Metrics, multiprocess_enabled
+from service.quotas import Quotas, windows_for
 from service.settings import SHARED_POOL_FLAG, Settings
 
 log = logging.getLogger("service")
@@ -135,6 +136,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
     keys = ApiKeys.from_settings(settings)
+    quotas = (
+        Quotas(
+            windows_for(settings.redis_url, settings.cache_key_prefix, settings.redis_timeout_s),
+            settings.quota_fail_open,
+            metrics,
+        )
+        if keys.entries
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -157,6 +167,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             retire_timeout_s=settings.shutdown_timeout_s,
             memory_budget=settings.model_memory_budget,
             load_timeout_s=settings.queue_timeout_s,
+            quotas=quotas,
         )
         poller = (
             RepositoryPoller(
@@ -170,7 +181,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.inference = inference
         app.state.services = Services(inference, settings)
         grpc_server = (
-            GrpcServer(inference, lifecycle, settings, metrics) if settings.grpc_port is not None else None
+            GrpcServer(inference, lifecycle, settings, metrics, quotas)
+            if settings.grpc_port is not None
+            else None
         )
         trimmer = MemoryTrimmer(settings.malloc_trim_mib)
         try:
@@ -204,6 +217,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 await grpc_server.stop()
             await inference.stop(settings.shutdown_timeout_s)
             await cache.close()
+            if quotas is not None:
+                await quotas.windows.close()
             if multiprocess_enabled():
                 prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
@@ -219,7 +234,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         before_send=[ensure_request_id_header],
         middleware=[  # the key check only where keys are configured: a layer costs on every request
             observe_requests(metrics, settings.access_log),
-            *([require_api_key(keys)] if keys.enabled else []),
+            *([require_api_key(keys, quotas)] if keys.enabled else []),
             schedule_requests(),
             admit_requests(
                 lifecycle,

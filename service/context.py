@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextvars
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
 class RequestContext:
     request_id: str = ""
     model: str = ""
+    key: Any = None  # the caller's ``quotas.KeyEntry`` (API_KEYS_FILE), for its models and tokens
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
@@ -35,6 +37,12 @@ def unbind(token: contextvars.Token[RequestContext | None]) -> None:
 
 def current() -> RequestContext | None:
     return _current.get()
+
+
+def current_key() -> Any:
+    """The caller's key entry, when it was declared with limits (else None)."""
+    context = _current.get()
+    return context.key if context is not None else None
 
 
 def note_model(name: str) -> None:

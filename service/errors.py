@@ -57,8 +57,9 @@ KINDS: dict[str, ErrorKind] = {
     "forbidden": ErrorKind(
         403,
         "PERMISSION_DENIED",
-        "repository control needs a key of ADMIN_API_KEYS (or, with none set, a service on loopback only), "
-        "and a MODEL_CONTROL_MODE that allows the call",
+        "the key may not make this call: a model outside its list (API_KEYS_FILE), or repository control "
+        "without a key of ADMIN_API_KEYS (with none set, on a service on loopback only) or in a "
+        "MODEL_CONTROL_MODE that refuses it",
     ),
     "control_off": ErrorKind(
         404,
@@ -77,6 +78,12 @@ KINDS: dict[str, ErrorKind] = {
         "INVALID_ARGUMENT",
         "a field is invalid: range, empty/whitespace/oversized text, too many items, undecodable image, "
         "model serving another task (with `field` and `errors`)",
+    ),
+    "quota_exceeded": ErrorKind(
+        429,
+        "RESOURCE_EXHAUSTED",
+        "the API key has used its requests or tokens per minute (API_KEYS_FILE); see `Retry-After` and "
+        "the `RateLimit-*` headers",
     ),
     "queue_full": ErrorKind(
         429, "RESOURCE_EXHAUSTED", "the model's queue is full; retry after the `Retry-After` header's seconds"
@@ -308,9 +315,20 @@ class Problem:
         return out
 
 
+class ProblemError(Exception):
+    """A ``Problem`` decided before any handler ran (a quota refusal), raised where a door renders
+    exceptions (the gRPC door)."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
 def problem_of(exc: BaseException, where: str = "") -> Problem:
     """The ``Problem`` an exception is. A failure that is not the client's is logged here (``where``: the
     request, for the log), and its message says only to see the log."""
+    if isinstance(exc, ProblemError):
+        return exc.problem
     if isinstance(exc, InvalidInputError):
         return Problem(exc.kind, exc.message, exc.field, (FieldProblem(exc.field, exc.message, exc.reason),))
     if isinstance(exc, NotReadyError | ModelUnavailableError):

@@ -186,6 +186,19 @@ class Metrics:
             ["model", "version", "task", "execution_provider", "variant", "precision"],
             mode="max",
         )
+        self.quota_refusals = counter(
+            "quota_refusals",
+            "Requests refused by their API key's quota, by key id and limit",
+            ["key", "limit"],
+        )
+        self.quota_tokens = counter(
+            "quota_tokens",
+            "Tokens read and generated, charged to API keys (API_KEYS_FILE), by key id",
+            ["key"],
+        )
+        self.quota_errors = counter(
+            "quota_errors", "Quota checks whose store (Redis) failed (QUOTA_FAIL_OPEN decides)", []
+        )
         self.model_state = gauge(
             "model_state",
             "Each loaded version: 1 while it serves, 0 once it is retired (replaced or unloaded; its "
@@ -275,6 +288,15 @@ class Metrics:
         if labels is not None:
             self.model_info.remove(*labels)
         self.model_state.labels(model, version).set(0)
+
+    def quota_refused(self, key_id: str, limit: str) -> None:
+        self.quota_refusals.labels(key_id, limit).inc()
+
+    def tokens_charged(self, key_id: str, tokens: int) -> None:
+        self.quota_tokens.labels(key_id).inc(tokens)
+
+    def quota_error(self) -> None:
+        self.quota_errors.inc()
 
     def resident(self, model: str, version: str, size: int | None) -> None:
         if size is None:

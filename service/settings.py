@@ -249,6 +249,16 @@ class Settings(BaseSettings):
         repr=False,
         description="Accepted API keys (Authorization: Bearer KEY, or X-API-Key: KEY); empty: no auth",
     )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="TOML or YAML file of API keys with limits (service/quotas.py): per key an id, the "
+        "key's sha256, requests and tokens per minute, a default priority, the models it may use; shared "
+        "by every replica through REDIS_URL. Its keys are accepted beside API_KEYS",
+    )
+    quota_fail_open: bool = Field(
+        default=True,
+        description="When the quota store (Redis) fails: let requests through (true) or refuse them with 503",
+    )
     admin_api_keys: Words = Field(
         default=[],
         repr=False,

@@ -5,6 +5,7 @@ admin keys. Tiny models, a real server on loopback, the real clients.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import threading
@@ -29,13 +30,15 @@ SERVED = ("bert-classifier", "gpt")
 ADMIN = "admin-key"
 
 
+REPUBLISHED = itertools.count(1)
+
+
 def republish(folder: Path) -> str:
-    """The same model as a new version: tokenizer.json rewritten (same content, other layout), the manifest's
-    hashes and version made anew, as a rebuild writes them. Returns the new version."""
+    """The same model as a new version: tokenizer.json rewritten (same content, a layout no earlier call
+    wrote), the manifest's hashes and version made anew, as a rebuild writes them. Returns the version."""
     tokenizer = folder / "tokenizer.json"
     data = json.loads(tokenizer.read_text())
-    layout = json.loads((folder / MANIFEST).read_text()).get("version", "")
-    tokenizer.write_text(json.dumps(data, indent=1 + (hash(layout) % 3)))
+    tokenizer.write_text(json.dumps(data) + "\n" * next(REPUBLISHED))
     return rewrite_manifest(folder)
 
 

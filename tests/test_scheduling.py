@@ -145,20 +145,29 @@ def test_a_grpc_call_with_a_client_timeout_is_removed_at_its_deadline(server: Li
 
 
 def test_a_generation_past_its_deadline_ends_with_finish_reason_deadline(server: LiveServer) -> None:
-    """Its first token out, the engine is held past the request's deadline: the sequence ends at its next
-    step with what it has, its usage counted, instead of decoding to its length."""
-    body = {"prompt": "KING:", "max_new_tokens": 60, "temperature": 0, "timeout_ms": 150, "stream": True}
+    """Each decoding step held 50 ms (the real step, then a pause): the request's 300 ms deadline passes a
+    few tokens in, and the sequence ends at that step with what it has, its usage counted, instead of
+    decoding to its length."""
+    batch = server.pipeline("gpt").engine._batch
+    step = batch.step
+
+    def slow_step(*args: Any) -> Any:
+        out = step(*args)
+        time.sleep(0.05)
+        return out
+
+    batch.step = slow_step
+    body = {"prompt": "KING:", "max_new_tokens": 60, "temperature": 0, "timeout_ms": 300, "stream": True}
     events: list[dict[str, Any]] = []
-    with (
-        httpx.Client(base_url=server.url, timeout=60) as client,
-        client.stream("POST", "/v1/generate", json=body) as r,
-    ):
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                events.append(json.loads(line[5:]))
-                if len(events) == 1:
-                    server.occupy("gpt", 0.4).result(timeout=30)  # the next step starts past the deadline
+    try:
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as client,
+            client.stream("POST", "/v1/generate", json=body) as r,
+        ):
+            assert r.status_code == 200
+            events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    finally:
+        batch.step = step
     done = events[-1]
     assert done["finish_reason"] == "deadline", done
     assert 1 <= done["usage"]["output_tokens"] < 60

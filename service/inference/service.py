@@ -29,10 +29,12 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
+from service.context import current_key
 from service.engine.sampling import SamplingParams
 from service.engine.variants import ServedVariant
 from service.errors import (
     ControlOffError,
+    ForbiddenError,
     InvalidInputError,
     ModelLoadFailedError,
     ModelUnavailableError,
@@ -58,6 +60,7 @@ from service.pipelines.results import (
     Usage,
 )
 from service.pipelines.translate import DecodingParams, Translator
+from service.quotas import Quotas
 
 from .limits import CONTEXTS, RequestLimits
 from .loading import Loader
@@ -112,6 +115,7 @@ class InferenceService:
         retire_timeout_s: float = 30.0,
         memory_budget: int = 0,
         load_timeout_s: float = 30.0,
+        quotas: Quotas | None = None,
     ) -> None:
         self.registry = registry
         self.cache = cache
@@ -122,6 +126,7 @@ class InferenceService:
         self.memory = MemoryBudget(memory_budget)
         self.load_timeout_s = load_timeout_s  # how long a request waits for its model to load (on demand)
         self._on_demand: dict[str, asyncio.Task[ServedModel]] = {}
+        self.quotas = quotas  # API_KEYS_FILE: the caller's tokens are charged as its requests end
         self.phase: Phase = "starting"
         self._started: list[ModelPipeline] = []
         self._warmup = True
@@ -438,6 +443,7 @@ class InferenceService:
             pipeline = self.registry.get(name)
         if version is not None:
             pipeline = self.registry.get(pipeline.name, version)
+        self._allowed(pipeline.name)
         return self._view(pipeline)
 
     # --- one method per task --------------------------------------------------------------
@@ -450,9 +456,25 @@ class InferenceService:
         cache: CacheControl,
         compute: Callable[[], Awaitable[Outcome[R]]],
     ) -> Outcome[R]:
-        return await self.cache.get_or_compute(
+        outcome = await self.cache.get_or_compute(
             pipeline, request=request, result_type=result_type, control=cache, compute=compute
         )
+        if not outcome.cached:
+            await self._charge(outcome.usage)
+        return outcome
+
+    async def _charge(self, usage: Usage) -> None:
+        """The tokens the caller's key read and generated, against its tokens per minute."""
+        key = current_key()
+        if key is not None and self.quotas is not None:
+            await self.quotas.charge(key, usage.input_tokens + usage.output_tokens)
+
+    @staticmethod
+    def _allowed(name: str) -> None:
+        """A model the caller's key may not use is a 403 (the key is known; the model is not its to use)."""
+        key = current_key()
+        if key is not None and not key.may_use(name):
+            raise ForbiddenError(f"key {key.id!r} may not use model {name!r}", field="model")
 
     async def _resolve(self, kind: type[P], model: str | None) -> P:
         """After the request's own checks: readiness, then the model (``model``, or the task's default),
@@ -462,7 +484,9 @@ class InferenceService:
         (``load``, ``unload``) stops, and frees its sessions, only once every request on it is done."""
         self.check_ready()
         await self.resident(model, kind.task)
-        return self.registry.resolve(kind, model)
+        pipeline = self.registry.resolve(kind, model)
+        self._allowed(pipeline.name)
+        return pipeline
 
     def _texts(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> None:
         self.limits.items(len(texts))
@@ -741,7 +765,7 @@ class InferenceService:
                 for stream in opened:
                     stream.cancel()
                 raise
-            return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices)
+            return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices, self._charge)
 
 
 _TaskCall = Callable[

@@ -9,7 +9,7 @@ renders and does nothing else.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from service.engine.generation_contract import TokenEvent
@@ -45,7 +45,9 @@ class GenerationStreams:
     model_version: str
     streams: list[OpenStream]
     choices: int = 1
+    on_end: Callable[[Usage], Awaitable[None]] | None = None  # the core's charge of the key's tokens
     _results: dict[int, Generation] = field(default_factory=dict, init=False, repr=False)
+    _ended: bool = field(default=False, init=False, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -63,6 +65,13 @@ class GenerationStreams:
     def cancel(self) -> None:
         for stream in self.streams:
             stream.cancel()
+
+    async def close(self) -> None:
+        """The response is over, however it ended: stop what still decodes, and account for the usage."""
+        self.cancel()
+        if self.on_end is not None and not self._ended:
+            self._ended = True
+            await self.on_end(self.usage())
 
     def __aiter__(self) -> AsyncIterator[TokenOut | ChoiceDone]:
         return self._one() if len(self.streams) == 1 else self._merged()

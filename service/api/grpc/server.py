@@ -17,6 +17,7 @@ from service.api.http.auth import ApiKeys, ControlAccess
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics
+from service.quotas import Quotas
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,12 @@ log = logging.getLogger(__name__)
 
 class GrpcServer:
     def __init__(
-        self, core: InferenceService, lifecycle: Lifecycle, settings: Settings, metrics: Metrics
+        self,
+        core: InferenceService,
+        lifecycle: Lifecycle,
+        settings: Settings,
+        metrics: Metrics,
+        quotas: Quotas | None = None,
     ) -> None:
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
@@ -42,6 +48,7 @@ class GrpcServer:
                 settings.access_log,
                 settings.model_control_mode,
                 ControlAccess.from_settings(settings),
+                quotas,
             ),
             self.server,
         )

@@ -24,17 +24,19 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from service.api.grpc.auth import metadata_of
 from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
-from service.api.http.auth import ApiKeys, ControlAccess, presented_key
+from service.api.http.auth import ApiKeys, ControlAccess, admit_key, presented_key
 from service.api.http.request_id import client_request_id
 from service.api.oip import repository
 from service.api.oip.infer import InferCall, infer
 from service.api.oip.metadata import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
 from service.api.oip.tasks import signature
 from service.context import RequestContext, bind, unbind
+from service.errors import ProblemError
 from service.inference import InferenceService
-from service.inference.scheduling import scheduled
+from service.inference.scheduling import CLASSES, scheduled
 from service.lifecycle import Lifecycle
 from service.metrics import Metrics
+from service.quotas import Quotas
 
 T = TypeVar("T")
 access_log = logging.getLogger("service.access")
@@ -50,6 +52,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         log_access: bool,
         control_mode: str = "none",
         control_access: ControlAccess | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.core = core
         self.lifecycle = lifecycle
@@ -58,6 +61,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self.log_access = log_access  # ACCESS_LOG: one line per call, as on HTTP
         self.control_mode = control_mode  # MODEL_CONTROL_MODE
         self.control_access = control_access or ControlAccess([], loopback_only=False)
+        self.quotas = quotas  # API_KEYS_FILE: checked per call, as the HTTP middleware does
 
     async def _answer(
         self,
@@ -77,7 +81,14 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         started, code = time.perf_counter(), grpc.StatusCode.OK
         remaining = context.time_remaining()  # the call's deadline, where the client set one
         try:
-            with scheduled(timeout_s=remaining if remaining is not None and remaining > 0 else None):
+            entry = self.keys.identify(presented_key(metadata_of(context.invocation_metadata())))
+            if entry is not None:
+                refused, _ = await admit_key(entry, self.quotas)
+                if refused is not None:
+                    raise ProblemError(refused)
+            priority = CLASSES[entry.priority] if entry is not None and entry.priority else None
+            timeout_s = remaining if remaining is not None and remaining > 0 else None
+            with scheduled(priority, timeout_s):
                 return await work()
         except Exception as exc:
             code, message = status_of(exc)

@@ -18,10 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from litestar.connection import ASGIConnection
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
+from service.context import current as current_context
 from service.errors import ForbiddenError, Problem
+from service.inference.scheduling import CLASSES, scheduled
+from service.quotas import KeyEntry, Quotas, identify, load_keys_file
 from service.settings import Settings
 
 # Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
@@ -46,9 +49,15 @@ CACHE_SCOPE_KEY = "cache_scope"
 
 class ApiKeys:
     def __init__(
-        self, keys: Sequence[str], protect_health: bool, protect_metrics: bool, scope_cache: bool = False
+        self,
+        keys: Sequence[str],
+        protect_health: bool,
+        protect_metrics: bool,
+        scope_cache: bool = False,
+        entries: Sequence[KeyEntry] = (),
     ) -> None:
         self._keys = [k.encode() for k in keys if k]
+        self.entries = list(entries)  # API_KEYS_FILE: keys by hash, with their limits
         self._scope_cache = scope_cache
         self._open: set[str] = {"open"}
         if not protect_health:
@@ -59,12 +68,14 @@ class ApiKeys:
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeys:
         """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS and CACHE_SCOPE."""
-        keys = [*settings.api_keys, *(settings.admin_api_keys if settings.api_keys else [])]
-        return cls(keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key")
+        entries = load_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else []
+        enabled = settings.api_keys or entries
+        keys = [*settings.api_keys, *(settings.admin_api_keys if enabled else [])]
+        return cls(keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key", entries)
 
     @property
     def enabled(self) -> bool:
-        return bool(self._keys)
+        return bool(self._keys or self.entries)
 
     def is_open(self, path: str) -> bool:
         """Whether the HTTP ``path`` answers without a key."""
@@ -92,7 +103,11 @@ class ApiKeys:
         valid = False
         for key in self._keys:  # every key is compared, whichever matches
             valid |= hmac.compare_digest(presented, key)
-        return valid
+        return valid or self.identify(presented) is not None
+
+    def identify(self, presented: bytes) -> KeyEntry | None:
+        """The API_KEYS_FILE entry of the presented key (None: a plain API key, or none)."""
+        return identify(self.entries, presented) if self.entries and presented else None
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -148,7 +163,45 @@ def _presented_key(scope: Scope) -> bytes:
     return presented_key(dict(scope["headers"]))
 
 
-def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
+async def admit_key(
+    entry: KeyEntry, quotas: Quotas | None
+) -> tuple[Problem | None, tuple[tuple[str, str], ...]]:
+    """Note the caller's key for the core (its models, its tokens) and count the request against its
+    quota: the refusal to send (429, or 503 when the store failed and QUOTA_FAIL_OPEN is false), if any,
+    and the ``RateLimit-*`` headers of an answer. The same for both doors."""
+    context = current_context()
+    if context is not None:
+        context.key = entry
+    if quotas is None:
+        return None, ()
+    verdict = await quotas.admit(entry)
+    if verdict.allowed:
+        return None, verdict.headers
+    if verdict.unavailable:
+        problem = Problem(
+            "unavailable", "the quota store is unavailable (QUOTA_FAIL_OPEN=false)", retry_after_s=1
+        )
+        return problem, ()
+    per = "requests" if verdict.limit == "requests" else "tokens"
+    retry = next((int(v) for k, v in verdict.headers if k == "Retry-After"), 1)
+    headers = tuple((k, v) for k, v in verdict.headers if k != "Retry-After")
+    message = f"key {entry.id!r} has used its {per} per minute; retry after {retry}s"
+    return Problem("quota_exceeded", message, retry_after_s=retry, headers=headers), ()
+
+
+def _with_headers(send: Send, headers: tuple[tuple[str, str], ...]) -> Send:
+    """``send`` that adds ``headers`` to the response's start."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *raw]}  # type: ignore[typeddict-item]
+        await send(message)
+
+    return sending
+
+
+def require_api_key(keys: ApiKeys, quotas: Quotas | None = None) -> Callable[[ASGIApp], ASGIApp]:
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if (
@@ -162,7 +215,16 @@ def require_api_key(keys: ApiKeys) -> Callable[[ASGIApp], ASGIApp]:
             presented = _presented_key(scope)
             if presented and keys.accepts(presented):
                 scope.setdefault("state", {})[CACHE_SCOPE_KEY] = keys.cache_scope(presented)  # type: ignore[typeddict-item]
-                await app(scope, receive, send)
+                entry = keys.identify(presented)
+                if entry is None:
+                    await app(scope, receive, send)
+                    return
+                problem, headers = await admit_key(entry, quotas)
+                if problem is not None:
+                    await send_error(scope, send, problem)
+                    return
+                with scheduled(CLASSES[entry.priority] if entry.priority else None):
+                    await app(scope, receive, _with_headers(send, headers) if headers else send)
                 return
             message = (
                 "a valid API key is required: Authorization: Bearer KEY, or X-API-Key: KEY"

@@ -34,7 +34,7 @@ class _CancelWhenOver:
         try:
             await self.response(scope, receive, send)
         finally:
-            self.streams.cancel()
+            await self.streams.close()
 
 
 class _OwnsStreams:
