@@ -172,3 +172,13 @@ def test_a_generation_past_its_deadline_ends_with_finish_reason_deadline(server:
     assert done["finish_reason"] == "deadline", done
     assert 1 <= done["usage"]["output_tokens"] < 60
     assert done["text"] == "".join(e["text"] for e in events[:-1])
+
+
+def test_a_client_that_hangs_up_while_its_request_waits_takes_it_out_of_the_queue(server: LiveServer) -> None:
+    before = _computed(server, "bert-classifier")
+    dropped = metric(server.url, "tserve_requests_dropped_total", model="bert-classifier")
+    with _one_taken(server), pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/classify", json={"text": "gone"}, timeout=0.3)  # waits, then hangs up
+    time.sleep(0.3)
+    assert _computed(server, "bert-classifier") == before + 1  # the one taken; the other left the queue
+    assert metric(server.url, "tserve_requests_dropped_total", model="bert-classifier") == dropped + 1
