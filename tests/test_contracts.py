@@ -35,6 +35,7 @@ def served(task: str, labels: list[str] | None = None, dimensions: int | None = 
         contract=PIPELINES[task].contract,
         sizes=sizes,
         version="0123456789abcdef",
+        versions=("0123456789abcdef",),
     )
 
 
