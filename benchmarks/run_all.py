@@ -30,6 +30,7 @@ from benchmarks import (
     model_loads,
     overhead,
     peers,
+    priority,
     protocols,
     response_cache,
     served_variants,
@@ -52,6 +53,7 @@ MODULES: list[ModuleType] = [
     variants,
     served_variants,
     model_loads,
+    priority,
     peers,  # optional: needs --peers-python
 ]
 
@@ -71,6 +73,7 @@ HEADLINE = {
     "litserve_over_service_32": "peers",
     "ray_serve_over_service_32": "peers",
     "reload_p99_over_steady_32": "model_loads",
+    "priority_high_p99_overload_over_idle": "priority",
 }
 BUDGET_S = 18 * 60
 

@@ -522,3 +522,28 @@ def test_an_item_past_its_own_deadline_is_removed_by_its_timer_and_never_compute
 
     run(model, policy(queue_timeout_s=10.0), body, observer)
     assert "late" not in model.seen()
+
+
+def test_a_more_urgent_request_takes_a_place_a_less_urgent_one_reserved_before_queueing() -> None:
+    """Places reserved for a low request still tokenising count against the queue; a high request that
+    finds the queue full takes one of them, and the low request learns it as it queues (429, displaced)."""
+    model = FakeModel(gated=True)
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        with scheduling.scheduled(scheduling.LOW):
+            low = batcher.reserve(2)  # the whole queue, before its items are ready
+        with scheduling.scheduled(scheduling.HIGH):
+            high = batcher.reserve(1)  # full: it takes one of the low request's places
+        with pytest.raises(QueueFullError), scheduling.scheduled(scheduling.LOW):
+            batcher.reserve(1)  # an equally low request takes nothing
+        with pytest.raises(QueueFullError, match="more urgent"):
+            await batcher.submit(("low item", 1), 1, low)
+        low.release()
+        urgent = asyncio.create_task(batcher.submit(("high item", 1), 1, high))
+        await settle()
+        model.gate.set()
+        await asyncio.gather(first, urgent)
+
+    run(model, policy(max_queue_size=2), body)
+    assert model.seen() == ["first", "high item"]

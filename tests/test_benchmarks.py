@@ -38,6 +38,7 @@ SCRIPTS = [
     "variants",
     "served_variants",
     "model_loads",
+    "priority",
     "peers",
     "run_all",
 ]
@@ -53,6 +54,7 @@ HEADLINE = [
     "int8_classify_speedup_32",
     "int8_served_classify_speedup_32",
     "reload_p99_over_steady_32",
+    "priority_high_p99_overload_over_idle",
 ]
 
 
@@ -114,6 +116,40 @@ def test_model_loads_quick_times_every_model_and_loses_no_request(tiny_models: P
         assert all(isinstance(v, float) and v >= 0 for v in figures[key].values()), (key, figures[key])
     assert "tiny test models" in proc.stdout
     assert "non-200 answers while reloading: 0.00 (target <= 0) PASS" in proc.stdout
+
+
+def test_priority_quick_overloads_the_service_and_counts_every_answer(
+    tiny_models: Path, tmp_path: Path
+) -> None:
+    """priority.py alone: capacity measured, an idle and an overload window, each class's answers counted,
+    and none but 200, 429 and 504 (no timing asserted: a --quick run on tiny models means nothing)."""
+    out = tmp_path / "figures.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/priority.py",
+        "--quick",
+        "--no-record",
+        "--models",
+        str(tiny_models),
+    ]
+    proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    figures = json.loads(out.read_text())
+    value = figures["priority_high_p99_overload_over_idle"]
+    assert isinstance(value, float) and math.isfinite(value) and value > 0
+    assert figures["capacity_rps"] > 0 and figures["overload_rate_rps"] > figures["capacity_rps"]
+    assert figures["other_answers"] == 0, (
+        figures["overload_high_statuses"],
+        figures["overload_low_statuses"],
+    )
+    for name in ("high", "low"):
+        statuses = {int(s): n for s, n in figures[f"overload_{name}_statuses"].items()}
+        sent = figures[f"overload_{name}_arrivals"] - figures[f"overload_{name}_not_sent"]
+        assert sum(statuses.values()) == sent > 0, (name, statuses)
+        assert set(statuses) <= {200, 429, 504}, (name, statuses)
+    assert figures["overload_high_ok"] > 0
+    assert "tiny test models" in proc.stdout
+    assert "answers other than 200, 429 and 504: 0.00 (target <= 0) PASS" in proc.stdout
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -123,6 +123,8 @@ class GenerationEngine(ModelWorker):
                 raise
         if permit is None:
             self.admit(len(requests))
+        else:
+            permit.check()  # before any is queued: a request's sequences are queued all or none
         return [self._queue(request, permit) for request in requests]
 
     def _queue(self, request: GenerationRequest, permit: Permit | None) -> GenerationStream:

@@ -10,8 +10,10 @@ runs two calls at once and the event loop stays free while ONNX Runtime works.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,21 +47,47 @@ class Permit:
     before tokenization or decoding is paid for, and the items it covers are then queued with no check
     of their own (``submit(..., permit)``), all of them or none. A context manager: on exit, the places
     it did not use go back.
+
+    A more urgent request that finds the queue full may take a place from a less urgent permit
+    (``revoke``): that request is then refused as displaced (429) when it next queues an item.
     """
 
-    def __init__(self, worker: ModelWorker, count: int) -> None:
+    def __init__(self, worker: ModelWorker, count: int, priority: int = scheduling.NORMAL) -> None:
         self._worker = worker
         self.count = count
+        self.priority = priority
+        self.revoked = 0  # places a more urgent request took
+
+    def check(self) -> None:
+        """Raise QueueFullError (displaced) if a more urgent request took one of this permit's places."""
+        if self.revoked:
+            self.revoked = 0
+            self._worker._permits.discard(self)
+            raise QueueFullError(
+                self._worker.name, self._worker.waiting, self._worker.retry_after_s(), displaced=True
+            )
 
     def use(self) -> None:
         """One item of the request is queued: its place is the queue's now, no longer the permit's."""
+        self.check()
         assert self.count > 0, "every item the permit covers is already queued"
         self.count -= 1
         self._worker._reserved -= 1
+        if not self.count:
+            self._worker._permits.discard(self)
+
+    def revoke(self) -> None:
+        """A more urgent request takes one of the places (the permit still holds one)."""
+        self.count -= 1
+        self.revoked += 1
+        self._worker._reserved -= 1
+        if not self.count:
+            self._worker._permits.discard(self)
 
     def release(self) -> None:
         self._worker._reserved -= self.count
         self.count = 0
+        self._worker._permits.discard(self)
 
     def __enter__(self) -> Permit:
         return self
@@ -93,6 +121,9 @@ class ModelWorker(ABC):
         self._closed = False
         self._avg_unit_s = 0.0
         self._reserved = 0  # places held by permits whose items are not queued yet
+        self._permits: weakref.WeakSet[Permit] = weakref.WeakSet()  # those permits
+        self._permit_order: weakref.WeakKeyDictionary[Permit, int] = weakref.WeakKeyDictionary()
+        self._permit_numbers = itertools.count()
 
     @property
     @abstractmethod
@@ -142,15 +173,29 @@ class ModelWorker(ABC):
             return
         priority = scheduling.current().priority
         while self.waiting + self._reserved + count > self.max_queue_size:
-            if not self._displace(priority):  # a more urgent request takes the place of a less urgent one
+            # a more urgent request takes the place of a less urgent one: queued, else still reserved
+            if not (self._displace(priority) or self._revoke(priority)):
                 self._on_reject("queue_full")
                 raise QueueFullError(self.name, self.waiting, self.retry_after_s())
+
+    def _revoke(self, priority: int) -> bool:
+        """Take one place from the least urgent, newest permit of a class less urgent than ``priority``."""
+        holders = [p for p in self._permits if p.priority > priority and p.count > 0]
+        if not holders:
+            return False
+        victim = max(holders, key=lambda p: (p.priority, self._permit_order[p]))
+        victim.revoke()
+        self._on_reject("queue_full")
+        return True
 
     def reserve(self, count: int) -> Permit:
         """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
         self.admit(count)
         self._reserved += count
-        return Permit(self, count)
+        permit = Permit(self, count, scheduling.current().priority)
+        self._permits.add(permit)
+        self._permit_order[permit] = next(self._permit_numbers)
+        return permit
 
     def retry_after_s(self) -> int:
         """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""
