@@ -358,8 +358,9 @@ def test_a_killed_replica_loses_no_request_cuts_its_streams_cleanly_and_rejoins(
 
 
 def _rollout_load(url: str, stop: threading.Event, seen: list[tuple[str, str, str, int]]) -> None:
-    """One client of the rollout: classify and stream in turn until ``stop``; each answer as (replica,
-    model, version, status), a stream's version read from its last event."""
+    """One client of the rollout: classify and stream in turn until ``stop``, one request after another;
+    each answer as (replica, model, version, status) in ``seen`` (this client's own list), a stream's
+    version read from its last event."""
     with httpx.Client(base_url=url, timeout=TIMEOUT) as http:
         turn = 0
         while not stop.is_set():
@@ -393,10 +394,11 @@ def test_replicas_polling_one_repository_roll_out_a_new_version_with_nothing_los
     try:
         cluster.start()
         assert cluster.balancer is not None
-        stop, seen = threading.Event(), []  # type: ignore[var-annotated]
+        stop = threading.Event()
+        per_client: list[list[tuple[str, str, str, int]]] = [[] for _ in range(8)]
         threads = [
-            threading.Thread(target=_rollout_load, args=(cluster.balancer.url, stop, seen), daemon=True)
-            for _ in range(8)
+            threading.Thread(target=_rollout_load, args=(cluster.balancer.url, stop, answers), daemon=True)
+            for answers in per_client
         ]
         for t in threads:
             t.start()
@@ -420,16 +422,22 @@ def test_replicas_polling_one_repository_roll_out_a_new_version_with_nothing_los
         for t in threads:
             t.join(timeout=120)
         assert all(on_new(r) for r in cluster.replicas), "a replica did not roll to the new versions"
+        seen = [answer for answers in per_client for answer in answers]
         statuses = Counter(status for *_, status in seen)
         print(f"\nrollout under load: {dict(statuses)} over {len(seen)} answers")
         assert statuses == Counter({200: len(seen)}), f"answers other than 200: {dict(statuses)}"
         for replica in ("api1", "api2"):
             for model in ("bert-classifier", "gpt"):
-                versions = [v for r, m, v, _ in seen if (r, m) == (replica, model)]
-                assert new[model] in versions, (replica, model)
-                first_new = versions.index(new[model])
-                assert set(versions[first_new:]) == {new[model]}, (
-                    f"{replica} {model} went back to the old version"
+                assert new[model] in [v for r, m, v, _ in seen if (r, m) == (replica, model)], (
+                    replica,
+                    model,
                 )
+                # one client's requests, one after another: once a replica answered it with the new version,
+                # it never answers it with the old one (the answers of concurrent clients may cross)
+                for answers in per_client:
+                    versions = [v for r, m, v, _ in answers if (r, m) == (replica, model)]
+                    if new[model] in versions:
+                        later = versions[versions.index(new[model]) :]
+                        assert set(later) == {new[model]}, f"{replica} {model} went back to the old version"
     finally:
         cluster.close()
