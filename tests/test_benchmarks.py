@@ -15,6 +15,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,21 +88,21 @@ def test_run_all_quick_writes_every_headline_figure(tiny_models: Path, tmp_path:
     assert (tmp_path / "kv_cache_latency.png").stat().st_size > 1000
 
 
+def _quick(
+    script: str, tiny_models: Path, tmp_path: Path
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """``benchmarks/<script>.py --quick --no-record`` on the tiny models: its figures and its run."""
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, f"benchmarks/{script}.py", "--quick", "--no-record", "--models", str(tiny_models)]
+    proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text()), proc
+
+
 def test_model_loads_quick_times_every_model_and_loses_no_request(tiny_models: Path, tmp_path: Path) -> None:
     """model_loads.py alone: every model loaded over HTTP, the reloads under load answered with 200s only,
     each model's memory read, and the scan and the watcher measured at every repository size."""
-    out = tmp_path / "figures.json"
-    cmd = [
-        sys.executable,
-        "benchmarks/model_loads.py",
-        "--quick",
-        "--no-record",
-        "--models",
-        str(tiny_models),
-    ]
-    proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    figures = json.loads(out.read_text())
+    figures, proc = _quick("model_loads", tiny_models, tmp_path)
     value = figures["reload_p99_over_steady_32"]
     assert isinstance(value, float) and math.isfinite(value) and value > 0
     assert figures["errors_while_reloading"] == 0, figures["statuses_while_reloading"]
@@ -123,18 +124,7 @@ def test_priority_quick_overloads_the_service_and_counts_every_answer(
 ) -> None:
     """priority.py alone: capacity measured, an idle and an overload window, each class's answers counted,
     and none but 200, 429 and 504 (no timing asserted: a --quick run on tiny models means nothing)."""
-    out = tmp_path / "figures.json"
-    cmd = [
-        sys.executable,
-        "benchmarks/priority.py",
-        "--quick",
-        "--no-record",
-        "--models",
-        str(tiny_models),
-    ]
-    proc = subprocess.run([*cmd, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    figures = json.loads(out.read_text())
+    figures, proc = _quick("priority", tiny_models, tmp_path)
     value = figures["priority_high_p99_overload_over_idle"]
     assert isinstance(value, float) and math.isfinite(value) and value > 0
     assert figures["capacity_rps"] > 0 and figures["overload_rate_rps"] > figures["capacity_rps"]
