@@ -102,7 +102,9 @@ class Metrics:
         )
         self.compute_seconds = histogram(
             "compute_duration_seconds",
-            "Model compute time per batch (generation: per prefill or decoding step)",
+            "Time per batch (generation: per prefill or decoding step) from handing it to the model's "
+            "compute thread until the event loop resumes with its results: the model call, plus any wait "
+            "for a busy event loop",
             model,
             latency_buckets,
         )
