@@ -337,23 +337,28 @@ class _ModelObserver:
         self._batch_size = metrics.batch_size.labels(model)
         self._depth = metrics.queue_depth.labels(model)
         self._in_flight = metrics.model_in_flight.labels(model)
+        classes = scheduling.NAMES.items()
+        self._class_depth = {n: metrics.class_depth.labels(model, name) for n, name in classes}
+        self._class_wait = {n: metrics.class_wait.labels(model, name) for n, name in classes}
+        self._class_expired = {n: metrics.class_expired.labels(model, name) for n, name in classes}
+        self._class_displaced = {n: metrics.class_displaced.labels(model, name) for n, name in classes}
 
     def on_reject(self, reason: str) -> None:
         kind, label = _REJECT.get(reason, ("rejected", reason))
         getattr(self._m, kind).labels(self._model, label).inc()
 
     def on_class_depth(self, depths: dict[int, int]) -> None:
-        for number, name in scheduling.NAMES.items():
-            self._m.class_depth.labels(self._model, name).set(depths.get(number, 0))
+        for number, gauge in self._class_depth.items():
+            gauge.set(depths.get(number, 0))
 
     def on_class_wait(self, priority: int, seconds: float) -> None:
-        self._m.class_wait.labels(self._model, scheduling.NAMES[priority]).observe(seconds)
+        self._class_wait[priority].observe(seconds)
 
     def on_class_expired(self, priority: int) -> None:
-        self._m.class_expired.labels(self._model, scheduling.NAMES[priority]).inc()
+        self._class_expired[priority].inc()
 
     def on_class_displaced(self, priority: int) -> None:
-        self._m.class_displaced.labels(self._model, scheduling.NAMES[priority]).inc()
+        self._class_displaced[priority].inc()
 
 
 class BatcherMetrics(_ModelObserver):

@@ -52,10 +52,13 @@ class Permit:
     (``revoke``): that request is then refused as displaced (429) when it next queues an item.
     """
 
-    def __init__(self, worker: ModelWorker, count: int, priority: int = scheduling.NORMAL) -> None:
+    def __init__(
+        self, worker: ModelWorker, count: int, priority: int = scheduling.NORMAL, number: int = 0
+    ) -> None:
         self._worker = worker
         self.count = count
         self.priority = priority
+        self.number = number  # its order among the worker's permits: the newest is displaced first
         self.revoked = 0  # places a more urgent request took
 
     def check(self) -> None:
@@ -122,7 +125,6 @@ class ModelWorker(ABC):
         self._avg_unit_s = 0.0
         self._reserved = 0  # places held by permits whose items are not queued yet
         self._permits: weakref.WeakSet[Permit] = weakref.WeakSet()  # those permits
-        self._permit_order: weakref.WeakKeyDictionary[Permit, int] = weakref.WeakKeyDictionary()
         self._permit_numbers = itertools.count()
 
     @property
@@ -183,7 +185,7 @@ class ModelWorker(ABC):
         holders = [p for p in self._permits if p.priority > priority and p.count > 0]
         if not holders:
             return False
-        victim = max(holders, key=lambda p: (p.priority, self._permit_order[p]))
+        victim = max(holders, key=lambda p: (p.priority, p.number))
         victim.revoke()
         self._on_reject("queue_full")
         return True
@@ -192,9 +194,8 @@ class ModelWorker(ABC):
         """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
         self.admit(count)
         self._reserved += count
-        permit = Permit(self, count, scheduling.current().priority)
+        permit = Permit(self, count, scheduling.current().priority, next(self._permit_numbers))
         self._permits.add(permit)
-        self._permit_order[permit] = next(self._permit_numbers)
         return permit
 
     def retry_after_s(self) -> int:

@@ -79,7 +79,12 @@ class Loader:
         """Whether ``name`` is a model this service may load on demand: a folder of the repository, and
         one of SERVED_MODELS when that names any."""
         only = self.settings.served_models
-        return name in self.folders() and (not only or name in only)
+        if only and name not in only:
+            return False
+        try:
+            return self.folder(name).is_dir()
+        except InvalidInputError:
+            return False
 
     def default_for(self, task: str, preferred: str | None) -> str | None:
         """The folder a request for ``task`` without a model would load: ``preferred`` when it serves the task,

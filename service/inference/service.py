@@ -322,9 +322,11 @@ class InferenceService:
             if model is None:
                 return
         name = model.split("@", 1)[0]
-        if name in self.registry.versions or not self.memory.enabled or self.loader is None:
+        if name in self.registry.versions:
             self.memory.touch(name)
             return
+        if not self.memory.enabled or self.loader is None:
+            return  # the lookup that follows answers 404
         if not self.loader.servable(name):
             return  # the lookup that follows answers 404
         loading = self._on_demand.get(name)

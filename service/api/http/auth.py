@@ -100,10 +100,13 @@ class ApiKeys:
         return hashlib.sha256(b"tserve-cache-scope:" + presented).hexdigest()[:32]
 
     def accepts(self, presented: bytes) -> bool:
+        return self._plain(presented) or self.identify(presented) is not None
+
+    def _plain(self, presented: bytes) -> bool:
         valid = False
         for key in self._keys:  # every key is compared, whichever matches
             valid |= hmac.compare_digest(presented, key)
-        return valid or self.identify(presented) is not None
+        return valid
 
     def identify(self, presented: bytes) -> KeyEntry | None:
         """The API_KEYS_FILE entry of the presented key (None: a plain API key, or none)."""
@@ -213,9 +216,9 @@ def require_api_key(keys: ApiKeys, quotas: Quotas | None = None) -> Callable[[AS
                 await app(scope, receive, send)
                 return
             presented = _presented_key(scope)
-            if presented and keys.accepts(presented):
+            entry = keys.identify(presented)
+            if presented and (entry is not None or keys._plain(presented)):
                 scope.setdefault("state", {})[CACHE_SCOPE_KEY] = keys.cache_scope(presented)  # type: ignore[typeddict-item]
-                entry = keys.identify(presented)
                 if entry is None:
                     await app(scope, receive, send)
                     return

@@ -31,6 +31,8 @@ def index(core: InferenceService, ready_only: bool) -> list[ModelState]:
                     state = replace(state, state="UNAVAILABLE", reason=NO_TENSORS)
             except ModelNotFoundError:  # unloaded since the index was read
                 continue
+            except ForbiddenError:  # not the caller's to use (API_KEYS_FILE): listed as it stands
+                pass
         if not ready_only or state.state == "READY":
             out.append(state)
     return out
