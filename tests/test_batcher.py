@@ -198,6 +198,39 @@ def test_sub_batches_are_length_sorted() -> None:
     assert sub_batches == [[2, 3, 4], [5], [17, 30, 33], [60]]
 
 
+def test_a_sub_batch_is_answered_while_the_next_one_still_computes() -> None:
+    """The sub-batches of one batch run back to back on the compute thread, each answered as it ends:
+    the short items' callers do not wait for the long sub-batch after them."""
+    long_started, release_long = threading.Event(), threading.Event()
+
+    class SlowLongItems(FakeModel):
+        def __call__(self, items: list[Item]) -> Sequence[Any]:
+            if any(cost >= 30 for _, cost in items):
+                long_started.set()
+                assert release_long.wait(timeout=10), "test never released the long sub-batch"
+            return super().__call__(items)
+
+    model = SlowLongItems(gated=True)
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        short, long = queue_items(batcher, [("short", 2), ("long", 40)])
+        await settle()
+        model.gate.set()
+        await first
+        assert await asyncio.wait_for(short, 10) == FakeModel.answer(("short", 2))
+        assert await asyncio.to_thread(long_started.wait, 10)
+        assert not long.done()  # still computing: the short one's answer did not wait for it
+        release_long.set()
+        assert await long == FakeModel.answer(("long", 40))
+
+    try:
+        run(model, policy(max_batch_size=16, split_ratio=2.0, split_min_tokens=1), body)
+    finally:
+        release_long.set()
+    assert [[name for name, _ in call] for call in model.calls[1:]] == [["short"], ["long"]]
+
+
 # --- backpressure, timeouts, cancellation ------------------------------------------------
 
 

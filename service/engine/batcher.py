@@ -3,7 +3,7 @@
 Mirrors TEI's ``queue`` + batching task. Callers ``submit`` one item with its token
 length and await the result; a single worker task forms batches under a size and a
 padded-token budget, splits each batch into length-sorted sub-batches, and runs them
-one at a time in a dedicated thread (the model call blocks, but ONNX Runtime releases
+one after another in a dedicated thread (the model call blocks, but ONNX Runtime releases
 the GIL, so the event loop keeps serving). Knows nothing of HTTP or of any model.
 """
 
@@ -340,17 +340,18 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         return batch
 
     async def _execute(self, batch: list[_Entry[In, Out]]) -> None:
+        """Run the batch's length-sorted sub-batches back to back in one trip to the compute thread.
+
+        The thread does not wait for the event loop between sub-batches: under load the loop can be
+        slow to resume a coroutine (it is busy answering other requests), and one wait per sub-batch
+        would leave the model idle for each. Each sub-batch's answers go back to the loop as soon as
+        it is done, so short items do not wait for the long sub-batches after them.
+        """
         started = time.monotonic()
         self._observer.on_in_flight(len(batch))
+        subs = split_by_length(batch, lambda e: e.cost, self.policy.split_ratio, self.policy.split_min_tokens)
         try:
-            for sub in split_by_length(
-                batch, lambda e: e.cost, self.policy.split_ratio, self.policy.split_min_tokens
-            ):
-                live = [e for e in sub if not e.future.done()]
-                # Callers cancelled while an earlier sub-batch ran still never reach the model.
-                self._count_cancelled(len(sub) - len(live))
-                if live:
-                    await self._run_sub_batch(live)
+            await self.in_compute_thread(self._compute, asyncio.get_running_loop(), subs)
         except asyncio.CancelledError:  # stop() ran out of time
             self._fail(batch, BatcherClosedError(self.name, "stopped before the batch finished"))
             raise
@@ -358,20 +359,39 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             self._observer.on_in_flight(0)
         self._record(time.monotonic() - started)
 
-    async def _run_sub_batch(self, entries: list[_Entry[In, Out]]) -> None:
-        started = time.monotonic()
-        queue_seconds = [started - e.enqueued_at for e in entries]
-        results = await self._call(entries)
-        if len(entries) > 1 and all(isinstance(r, InferenceError) for r in results):
-            # The whole call failed: find the culprit(s) by running each item alone, so one bad input
-            # fails its own request and the others in the batch still get their answers.
-            log.warning(
-                "batcher %s: a batch of %d failed; retrying its items one by one", self.name, len(entries)
-            )
-            results = [(await self._call([entry]))[0] for entry in entries]
-        compute_seconds = time.monotonic() - started
+    def _compute(self, loop: asyncio.AbstractEventLoop, subs: list[list[_Entry[In, Out]]]) -> None:
+        """On the compute thread: each sub-batch's model call, its answers handed to the loop as it ends."""
+        for sub in subs:
+            # Callers cancelled while an earlier sub-batch ran still never reach the model.
+            live = [e for e in sub if not e.future.done()]
+            started = time.monotonic()
+            results = self._call(live) if live else []
+            if len(live) > 1 and all(isinstance(r, InferenceError) for r in results):
+                # The whole call failed: find the culprit(s) by running each item alone, so one bad input
+                # fails its own request and the others in the batch still get their answers.
+                log.warning(
+                    "batcher %s: a batch of %d failed; retrying its items one by one", self.name, len(live)
+                )
+                results = [self._call([entry])[0] for entry in live]
+            with contextlib.suppress(RuntimeError):  # the loop closed while a stopped batch finished
+                loop.call_soon_threadsafe(self._deliver, live, results, started, len(sub) - len(live))
+
+    def _deliver(
+        self,
+        entries: list[_Entry[In, Out]],
+        results: Sequence[Out | BaseException],
+        started: float,
+        cancelled: int,
+    ) -> None:
+        """On the loop: one sub-batch's answers to their callers (a caller that left meanwhile is skipped)."""
+        self._count_cancelled(cancelled)
+        if not entries:
+            return
+        compute_seconds = time.monotonic() - started  # until the loop has the results, as the metric says
         padded = max(e.cost for e in entries) * len(entries)
-        self._observer.on_batch(len(entries), padded, queue_seconds, compute_seconds)
+        self._observer.on_batch(
+            len(entries), padded, [started - e.enqueued_at for e in entries], compute_seconds
+        )
         for entry, result in zip(entries, results, strict=True):
             if entry.future.done():  # caller left during the computation
                 continue
@@ -380,10 +400,11 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             else:
                 entry.future.set_result(result)
 
-    async def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:
-        """One model call; if it raises, every item of it gets an InferenceError (logged once, with traceback)."""
+    def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:
+        """One model call, on the compute thread; if it raises, every item of it gets an InferenceError
+        (logged once, with traceback)."""
         try:
-            results = await self.in_compute_thread(self._run_batch, [e.item for e in entries])
+            results = self._run_batch([e.item for e in entries])
         except Exception as exc:
             log.error("batcher %s: model call on %d item(s) failed", self.name, len(entries), exc_info=exc)
             error = InferenceError(self.name, exc)

@@ -10,10 +10,8 @@ runs two calls at once and the event loop stays free while ONNX Runtime works.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -52,20 +50,17 @@ class Permit:
     (``revoke``): that request is then refused as displaced (429) when it next queues an item.
     """
 
-    def __init__(
-        self, worker: ModelWorker, count: int, priority: int = scheduling.NORMAL, number: int = 0
-    ) -> None:
+    def __init__(self, worker: ModelWorker, count: int, priority: int = scheduling.NORMAL) -> None:
         self._worker = worker
         self.count = count
         self.priority = priority
-        self.number = number  # its order among the worker's permits: the newest is displaced first
         self.revoked = 0  # places a more urgent request took
 
     def check(self) -> None:
         """Raise QueueFullError (displaced) if a more urgent request took one of this permit's places."""
         if self.revoked:
             self.revoked = 0
-            self._worker._permits.discard(self)
+            self._worker._forget(self)
             raise QueueFullError(
                 self._worker.name, self._worker.waiting, self._worker.retry_after_s(), displaced=True
             )
@@ -77,7 +72,7 @@ class Permit:
         self.count -= 1
         self._worker._reserved -= 1
         if not self.count:
-            self._worker._permits.discard(self)
+            self._worker._forget(self)
 
     def revoke(self) -> None:
         """A more urgent request takes one of the places (the permit still holds one)."""
@@ -85,12 +80,12 @@ class Permit:
         self.revoked += 1
         self._worker._reserved -= 1
         if not self.count:
-            self._worker._permits.discard(self)
+            self._worker._forget(self)
 
     def release(self) -> None:
         self._worker._reserved -= self.count
         self.count = 0
-        self._worker._permits.discard(self)
+        self._worker._forget(self)
 
     def __enter__(self) -> Permit:
         return self
@@ -124,8 +119,8 @@ class ModelWorker(ABC):
         self._closed = False
         self._avg_unit_s = 0.0
         self._reserved = 0  # places held by permits whose items are not queued yet
-        self._permits: weakref.WeakSet[Permit] = weakref.WeakSet()  # those permits
-        self._permit_numbers = itertools.count()
+        # those permits by class, oldest first: a refusal looks only at the classes it may take from
+        self._permits: dict[int, dict[Permit, None]] = {c: {} for c in scheduling.NAMES}
 
     @property
     @abstractmethod
@@ -182,10 +177,12 @@ class ModelWorker(ABC):
 
     def _revoke(self, priority: int) -> bool:
         """Take one place from the least urgent, newest permit of a class less urgent than ``priority``."""
-        holders = [p for p in self._permits if p.priority > priority and p.count > 0]
-        if not holders:
+        for cls in sorted((c for c in self._permits if c > priority), reverse=True):
+            if self._permits[cls]:
+                victim = next(reversed(self._permits[cls]))  # every permit here still holds a place
+                break
+        else:
             return False
-        victim = max(holders, key=lambda p: (p.priority, p.number))
         victim.revoke()
         self._on_reject("queue_full")
         return True
@@ -194,9 +191,13 @@ class ModelWorker(ABC):
         """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
         self.admit(count)
         self._reserved += count
-        permit = Permit(self, count, scheduling.current().priority, next(self._permit_numbers))
-        self._permits.add(permit)
+        permit = Permit(self, count, scheduling.current().priority)
+        if count:
+            self._permits.setdefault(permit.priority, {})[permit] = None
         return permit
+
+    def _forget(self, permit: Permit) -> None:
+        self._permits[permit.priority].pop(permit, None)
 
     def retry_after_s(self) -> int:
         """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""
