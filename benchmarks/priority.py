@@ -65,6 +65,7 @@ TITLE = "(o) Request priorities: high-priority p99 at 10x overload vs idle, disp
 TARGET_HIGH_P99 = 2.0  # high-priority p99 under overload over idle, at most
 OVERLOAD = 10.0  # arrival rate over the measured capacity
 HIGH_SHARE = 0.1  # of the overload's arrivals; the rest are low
+PRIORITY_IN = "header"  # X-Request-Priority, as a gateway sets it, and the edge can shed by; or "body"
 LOW_TIMEOUT_MS = 2000
 QUEUE_SIZE = 64
 CAPACITY_CLIENTS = 32
@@ -103,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"each low request's timeout_ms (default {LOW_TIMEOUT_MS}; 0: none)",
     )
     parser.add_argument(
+        "--priority-in",
+        choices=("header", "body"),
+        default=PRIORITY_IN,
+        help="where each request says its class: X-Request-Priority (what the edge sheds by before the "
+        f"body is parsed) or the body's priority field (default {PRIORITY_IN})",
+    )
+    parser.add_argument(
         "--queue-size",
         type=int,
         default=QUEUE_SIZE,
@@ -137,21 +145,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- the requests ------------------------------------------------------------------------------
 
 
-def classify_body(text: str, priority: str | None, timeout_ms: int = 0) -> bytes:
+def classify_body(text: str, priority: str | None, timeout_ms: int = 0, in_body: bool = True) -> bytes:
     """A ``/v1/classify`` body, encoded once: the open loop sends thousands a second."""
     body: dict[str, Any] = {"text": text}
-    if priority is not None:
+    if priority is not None and in_body:
         body["priority"] = priority
     if timeout_ms:
         body["timeout_ms"] = timeout_ms
     return json.dumps(body).encode()
 
 
-def classify_request(bodies: list[bytes]) -> RequestFn:
+def class_headers(priority: str | None, in_header: bool) -> dict[str, str]:
+    """The request's headers: the cache bypassed, and the class in ``X-Request-Priority`` if sent there."""
+    if priority is None or not in_header:
+        return BYPASS_CACHE
+    return {**BYPASS_CACHE, "X-Request-Priority": priority}
+
+
+def classify_request(bodies: list[bytes], headers: dict[str, str] = BYPASS_CACHE) -> RequestFn:
     async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
         try:
             response = await conn.request(
-                "POST", "/v1/classify", bodies[i % len(bodies)], BYPASS_CACHE, content_type="application/json"
+                "POST", "/v1/classify", bodies[i % len(bodies)], headers, content_type="application/json"
             )
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
             return 0, {}  # no answer at all: counted with the other answers
@@ -236,6 +251,7 @@ def high_at(i: int, share: float) -> bool:
 async def open_loop(
     server: ServiceProcess,
     bodies: dict[str, list[bytes]],
+    headers: dict[str, dict[str, str]],
     rate: float,
     duration_s: float,
     high_share: float,
@@ -258,7 +274,7 @@ async def open_loop(
         nonlocal waiting
         try:
             response = await conn.request(
-                "POST", "/v1/classify", body, BYPASS_CACHE, content_type="application/json"
+                "POST", "/v1/classify", body, headers[name], content_type="application/json"
             )
             status = response.status
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
@@ -384,11 +400,13 @@ def run(opts: Options) -> Result:
     warmup = 0.3 if opts.quick else 1.0
     pause = 0.3 if opts.quick else 1.0
     texts = sentiment_texts()
+    in_header = opts.extra.get("priority_in", PRIORITY_IN) == "header"
     bodies = {
-        "high": [classify_body(t, "high") for t in texts],
-        "low": [classify_body(t, "low", low_timeout_ms) for t in texts],
+        "high": [classify_body(t, "high", 0, not in_header) for t in texts],
+        "low": [classify_body(t, "low", low_timeout_ms, not in_header) for t in texts],
         "normal": [classify_body(t, None) for t in texts],
     }
+    headers = {c: class_headers(None if c == "normal" else c, in_header) for c in CLASSES}
     settings = Settings.model_fields
     in_flight_limit = int(settings["max_in_flight_requests"].default)
     queue_timeout_s = float(settings["queue_timeout_s"].default)
@@ -422,7 +440,7 @@ def run(opts: Options) -> Result:
                         closed_loop(
                             server,
                             idle_clients,
-                            classify_request(bodies["high"]),
+                            classify_request(bodies["high"], headers["high"]),
                             duration_s=duration,
                             warmup_s=warmup,
                         )
@@ -431,7 +449,7 @@ def run(opts: Options) -> Result:
                 else:
                     before = server_figures(server)
                     window = run_async(
-                        open_loop(server, bodies, rate, duration, high_share, connections, SEED + r)
+                        open_loop(server, bodies, headers, rate, duration, high_share, connections, SEED + r)
                     )
                     window.server = difference(server_figures(server), before)
                     overload_runs.append(window)

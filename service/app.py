@@ -40,7 +40,7 @@ from litestar.openapi.spec import (
 from prometheus_client import multiprocess as prometheus_multiprocess
 
 from service.api.grpc.server import GrpcServer
-from service.api.http.admission import admit_requests
+from service.api.http.admission import Shedding, admit_requests
 from service.api.http.auth import ApiKeys, ControlAccess, require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.errors import EXCEPTION_HANDLERS
@@ -61,6 +61,7 @@ from service.inference.polling import RepositoryPoller
 from service.inference.service import InferenceService
 from service.lifecycle import Lifecycle
 from service.logs import configure_logging
+from service.loop_lag import LoopLag
 from service.memory import MemoryTrimmer
 from service.metrics import Metrics, multiprocess_enabled
 from service.quotas import Quotas, windows_for
@@ -135,6 +136,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
+    loop_lag = LoopLag(on_sample=metrics.event_loop_lag.observe)
+    shedding = Shedding(loop_lag, settings.shed_lag_ms / 1000, metrics.shed.inc)
     keys = ApiKeys.from_settings(settings)
     quotas = (
         Quotas(
@@ -193,6 +196,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             if grpc_server is not None:
                 await grpc_server.start()
             trimmer.start()
+            loop_lag.start()
             if poller is not None:
                 poller.start()
             if controlled:
@@ -210,6 +214,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             )
             yield
         finally:
+            loop_lag.stop()
             if poller is not None:
                 await poller.stop()
             await trimmer.stop()
@@ -241,6 +246,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 settings.max_in_flight_requests,
                 settings.max_body_bytes,
                 settings.body_read_timeout_s,
+                shedding,
             ),
         ],
         cors_config=_cors(settings),

@@ -88,6 +88,12 @@ KINDS: dict[str, ErrorKind] = {
     "queue_full": ErrorKind(
         429, "RESOURCE_EXHAUSTED", "the model's queue is full; retry after the `Retry-After` header's seconds"
     ),
+    "shed": ErrorKind(
+        429,
+        "RESOURCE_EXHAUSTED",
+        "the service is busy (its event loop runs over SHED_LAG_MS late) and the request is low priority "
+        "(`X-Request-Priority` or the key's default): refused at the edge; retry after `Retry-After`",
+    ),
     "client_closed_request": ErrorKind(
         499, "CANCELLED", "the client went away; nobody reads it, but logs and metrics do"
     ),

@@ -82,6 +82,18 @@ class Metrics:
         )
         self.http_in_flight = gauge("http_requests_in_flight", "HTTP requests being answered", ["route"])
 
+        self.event_loop_lag = histogram(
+            "event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 10 ms: time every request waits for its turn",
+            [],
+            latency_buckets,
+        )
+        self.shed = counter(
+            "requests_shed",
+            "HTTP requests refused at the edge, low priority while the event loop lagged over SHED_LAG_MS",
+            [],
+        )
+
         # --- gRPC (GRPC_PORT) -----------------------------------------------------------------
         by_call = ["method", "model", "code"]
         self.grpc_requests = counter("grpc_requests", "gRPC calls answered (Open Inference v2)", by_call)

@@ -147,6 +147,12 @@ class Settings(BaseSettings):
         description="HTTP requests answered at once per worker, counted once their body has arrived; beyond "
         "it: 503",
     )
+    shed_lag_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="While the event loop runs this many ms late (LoopLag), an HTTP request whose header or "
+        "key makes it low priority is refused at the edge (429 `shed`) before any parsing; 0: never",
+    )
     header_read_timeout_s: float = Field(
         default=10.0,
         gt=0,

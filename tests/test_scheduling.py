@@ -4,6 +4,7 @@ waits in its queue, in a known order. Completion order is asserted, never a dura
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -182,3 +183,51 @@ def test_a_client_that_hangs_up_while_its_request_waits_takes_it_out_of_the_queu
     time.sleep(0.3)
     assert _computed(server, "bert-classifier") == before + 1  # the one taken; the other left the queue
     assert metric(server.url, "tserve_requests_dropped_total", model="bert-classifier") == dropped + 1
+
+
+def test_while_the_event_loop_lags_low_priority_is_shed_at_the_edge_and_the_rest_is_served(
+    server: LiveServer,
+) -> None:
+    """SHED_LAG_MS (5 ms by default): a loop kept busy 50 ms at a time runs its timers that late, so a
+    request that says ``low`` in its header is refused before it is parsed; high and normal still get
+    their answers. Once the loop is on time again, low is served too."""
+    shed_before = metric(server.url, "tserve_requests_shed_total")
+    stop = threading.Event()
+
+    async def hog() -> None:
+        while not stop.is_set():
+            time.sleep(0.05)  # blocks the loop, as a burst of requests does
+            await asyncio.sleep(0.005)
+
+    hogging = server.on_loop(hog())
+    try:
+        time.sleep(0.3)
+        low = httpx.post(
+            f"{server.url}/v1/classify",
+            json={"text": "later"},
+            headers={"X-Request-Priority": "low"},
+            timeout=30,
+        )
+        high = httpx.post(
+            f"{server.url}/v1/classify",
+            json={"text": "now"},
+            headers={"X-Request-Priority": "high"},
+            timeout=30,
+        )
+        normal = httpx.post(f"{server.url}/v1/classify", json={"text": "as usual"}, timeout=30)
+    finally:
+        stop.set()
+        hogging.result(timeout=10)
+    assert low.status_code == 429, low.text
+    error = low.json()["error"]
+    assert error["type"] == "shed" and "SHED_LAG_MS" in error["message"], error
+    assert int(low.headers["Retry-After"]) >= 1
+    assert high.status_code == 200 and normal.status_code == 200, (high.text, normal.text)
+    assert metric(server.url, "tserve_requests_shed_total") == shed_before + 1
+    assert metric(server.url, "tserve_event_loop_lag_seconds_count") > 0
+
+    time.sleep(0.5)  # the loop on time again: the lag halves every tick
+    again = httpx.post(
+        f"{server.url}/v1/classify", json={"text": "later"}, headers={"X-Request-Priority": "low"}, timeout=30
+    )
+    assert again.status_code == 200, again.text

@@ -19,6 +19,7 @@ MAX_TIMEOUT_S = 3600.0
 
 __all__ = [
     "CLASSES",
+    "LOW",
     "NAMES",
     "current",
     "priority_named",

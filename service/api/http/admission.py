@@ -28,7 +28,9 @@ from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from service.api.http.raw_errors import send_error
 from service.errors import Problem
+from service.inference import scheduling
 from service.lifecycle import Lifecycle
+from service.loop_lag import LoopLag
 
 # Probes and scrapes are answered whatever the load: they are how operators see it.
 ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
@@ -83,8 +85,37 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(_read_body(receive, limit), timeout_s)
 
 
+class Shedding:
+    """Low-priority requests refused at the edge while the event loop lags: the cheapest answer the
+    service has, before routing, parsing or validation, so that the loop's time goes to the work it
+    admitted (as Google's SRE book sheds by criticality). The class is the one known before the body
+    is parsed: ``X-Request-Priority`` or the key's default (a body's own ``priority`` orders the queue
+    only). ``lag_s`` 0: off."""
+
+    def __init__(self, lag: LoopLag, lag_s: float, on_shed: Callable[[], None] = lambda: None) -> None:
+        self.lag = lag
+        self.lag_s = lag_s
+        self.on_shed = on_shed
+
+    def refuses(self) -> bool:
+        return 0 < self.lag_s < self.lag.lag_s and scheduling.current().priority >= scheduling.LOW
+
+    def problem(self) -> Problem:
+        self.on_shed()
+        lag_ms = self.lag.lag_s * 1000
+        message = (
+            f"the service is busy (its event loop runs {lag_ms:.0f} ms late, over SHED_LAG_MS "
+            f"{self.lag_s * 1000:g}) and the request is low priority; retry later"
+        )
+        return Problem("shed", message, retry_after_s=1)
+
+
 def admit_requests(
-    lifecycle: Lifecycle, max_in_flight: int, max_body_bytes: int, body_timeout_s: float
+    lifecycle: Lifecycle,
+    max_in_flight: int,
+    max_body_bytes: int,
+    body_timeout_s: float,
+    shedding: Shedding | None = None,
 ) -> Callable[[ASGIApp], ASGIApp]:
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
@@ -114,6 +145,9 @@ def admit_requests(
                     return
                 inner_receive = _replay(body, receive)
             route = scope.get("path_template") or "unmatched"
+            if shedding is not None and shedding.refuses() and not route.startswith(ALWAYS_ANSWERED):
+                await send_error(scope, send, shedding.problem())
+                return
             if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
                 message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
                 await send_error(scope, send, Problem("overloaded", message, retry_after_s=1))
