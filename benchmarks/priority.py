@@ -3,7 +3,8 @@
 One real server (``python -m service``, only the text classifier loaded, ``MAX_QUEUE_SIZE`` 64 so that
 the queue fills and more urgent work displaces less urgent; the service's other defaults). Every request
 classifies one SST-2 sentence on ``/v1/classify`` with ``Cache-Control: no-cache, no-store``, its class in
-the body's ``priority``.
+``X-Request-Priority`` (as a gateway would set it; what the edge sheds by, SHED_LAG_MS) or, with
+``--priority-in body``, in the body's ``priority`` (read too late to shed by: it orders the queue only).
 
 1. Capacity: 32 closed-loop clients, default (normal) priority: C requests/s.
 2. Idle: one closed-loop client sending ``priority: high`` to an otherwise idle service: p50/p99.
@@ -34,6 +35,7 @@ import asyncio
 import http.client
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -353,6 +355,9 @@ def server_figures(server: ServiceProcess) -> dict[str, float]:
         "tserve_batch_size_sum": "batched_items",
         "tserve_compute_duration_seconds_sum": "compute_s",
         "tserve_queue_depth": "queue_depth",
+        "tserve_requests_shed_total": "shed",
+        "tserve_event_loop_lag_seconds_sum": "loop_lag_s",
+        "tserve_event_loop_lag_seconds_count": "loop_ticks",
     }
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
@@ -401,6 +406,7 @@ def run(opts: Options) -> Result:
     pause = 0.3 if opts.quick else 1.0
     texts = sentiment_texts()
     in_header = opts.extra.get("priority_in", PRIORITY_IN) == "header"
+    shed_lag_ms = float(os.environ.get("SHED_LAG_MS", Settings.model_fields["shed_lag_ms"].default))
     bodies = {
         "high": [classify_body(t, "high", 0, not in_header) for t in texts],
         "low": [classify_body(t, "low", low_timeout_ms, not in_header) for t in texts],
@@ -588,8 +594,13 @@ def run(opts: Options) -> Result:
         f"Model `{folder.name}`: {which}. One server, only this model loaded, `MAX_QUEUE_SIZE={queue_size}`, "
         "the service's other defaults (MAX_BATCH_SIZE 32, QUEUE_TIMEOUT_S "
         f"{queue_timeout_s:g}, PRIORITY_AGING_S {PRIORITY_AGING_S:g}); `/v1/classify`, one SST-2 sentence per "
-        f"request ({len(texts)} in rotation), `Cache-Control: no-cache, no-store`, the class in the body's "
-        "`priority`.",
+        f"request ({len(texts)} in rotation), `Cache-Control: no-cache, no-store`, the class in "
+        + (
+            "`X-Request-Priority` (the edge sheds low by it while the event loop lags over SHED_LAG_MS, "
+            f"{shed_lag_ms:g} ms)."
+            if in_header
+            else "the body's `priority` (read too late to shed by)."
+        ),
         "",
         *capacity_rows,
         "",
@@ -621,7 +632,10 @@ def run(opts: Options) -> Result:
         "",
         *batch_rows,
         "",
-        f"Refused by the model's queue under overload, by reason: {refused or 'none'}.",
+        f"Refused by the model's queue under overload, by reason: {refused or 'none'}. Shed at the edge "
+        f"(429 `shed`): {srv.get('shed', 0):.0f}. The event loop's mean lag over the overload windows: "
+        f"{1e3 * srv.get('loop_lag_s', 0) / max(1.0, srv.get('loop_ticks', 0)):.1f} ms (a timer due every "
+        "10 ms, `tserve_event_loop_lag_seconds`).",
         "",
         f"High-priority p99, overload over idle: **{p99_ratio:.2f}x** ({high.p(99) * 1e3:.1f} ms against "
         f"{idle.p(99) * 1e3:.1f} ms; p50 {high.p(50) * 1e3:.1f} against {idle.p(50) * 1e3:.1f} ms). Low "
