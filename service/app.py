@@ -66,6 +66,7 @@ from service.memory import MemoryTrimmer
 from service.metrics import Metrics, multiprocess_enabled
 from service.quotas import Quotas, windows_for
 from service.settings import SHARED_POOL_FLAG, Settings
+from service.tracing import Tracing
 
 log = logging.getLogger("service")
 
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
+    tracing = Tracing.from_environment()
     loop_lag = LoopLag(on_sample=metrics.event_loop_lag.observe)
     shedding = Shedding(loop_lag, settings.shed_lag_ms / 1000, metrics.shed.inc)
     keys = ApiKeys.from_settings(settings)
@@ -226,10 +228,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 await quotas.windows.close()
             if multiprocess_enabled():
                 prometheus_multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+            tracing.shutdown()  # the spans still queued, exported within the exporter's timeout
 
     app = Litestar(
         route_handlers=[*CONTROLLERS, assets_router()],
         lifespan=[lifespan],
+        plugins=tracing.plugins(),
         dependencies={
             "inference": Provide(provide_inference, sync_to_thread=False),
             "services": Provide(provide_services, sync_to_thread=False),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
+from opentelemetry import trace
 
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
@@ -49,6 +50,10 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
             rid = assign_request_id(scope)
             route = scope.get("path_template") or "unmatched"
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
+            span = trace.get_current_span()  # the request's server span (tracing.py), once the route is known
+            if span.is_recording():
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.route", route)
             context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
