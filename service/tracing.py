@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from litestar.enums import ScopeType
 from litestar.plugins.opentelemetry import OpenTelemetryConfig, OpenTelemetryPlugin
 from litestar.types import Scope
-from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -32,10 +32,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "transformer-serving"
-INSTRUMENTATION = "service"
 
 
-def tracing_configured(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+def tracing_configured(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the environment asks for traces: an OTLP endpoint, and neither the SDK nor traces turned off."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
@@ -44,6 +43,15 @@ def tracing_configured(environ: os._Environ[str] | dict[str, str] = os.environ) 
     return bool(
         environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     )
+
+
+def resource_from_environment() -> Resource:
+    """The SDK's resource from the environment (``OTEL_SERVICE_NAME`` over ``OTEL_RESOURCE_ATTRIBUTES``'
+    ``service.name``), with this service's name where neither gives one (the SDK's ``unknown_service``)."""
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    return resource
 
 
 class Tracing:
@@ -59,22 +67,10 @@ class Tracing:
         # Imported only when on: the exporter pulls in the OTLP protobufs.
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        resource = Resource.create(
-            {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME}
-        )  # OTEL_RESOURCE_ATTRIBUTES merge in (Resource.create reads them), OTEL_SERVICE_NAME wins
-        provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+        provider = TracerProvider(resource=resource_from_environment())  # sampler: OTEL_TRACES_SAMPLER
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         log.info("traces: exported over OTLP/gRPC (OTEL_* settings)")
         return cls(provider)
-
-    @property
-    def enabled(self) -> bool:
-        return self.provider is not None
-
-    def tracer(self) -> trace.Tracer:
-        if self.provider is None:
-            return trace.NoOpTracer()
-        return self.provider.get_tracer(INSTRUMENTATION)
 
     def plugins(self) -> list[OpenTelemetryPlugin]:
         """Litestar's instrumentation (the request's server span), or nothing when traces are off."""

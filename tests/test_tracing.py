@@ -14,7 +14,7 @@ from servers import LiveServer
 
 from harness.ports import free_port
 from service.settings import Settings
-from service.tracing import tracing_configured
+from service.tracing import DEFAULT_SERVICE_NAME, resource_from_environment, tracing_configured
 
 SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 
@@ -46,6 +46,20 @@ def test_traces_are_off_unless_an_otlp_endpoint_is_set() -> None:
     assert not tracing_configured(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_TRACES_EXPORTER": "none"}
     )
+
+
+def test_the_service_name_comes_from_otel_service_name_then_the_resource_attributes_then_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert resource_from_environment().attributes["service.name"] == DEFAULT_SERVICE_NAME
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes,deployment.environment=test")
+    resource = resource_from_environment()
+    assert resource.attributes["service.name"] == "from-attributes"
+    assert resource.attributes["deployment.environment"] == "test"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-service-name")
+    assert resource_from_environment().attributes["service.name"] == "from-service-name"
 
 
 def test_a_request_continues_the_callers_trace_with_a_server_span_named_by_its_route(

@@ -100,7 +100,8 @@ class Shedding:
     def refuses(self) -> bool:
         return 0 < self.lag_s < self.lag.lag_s and scheduling.current().priority >= scheduling.LOW
 
-    def problem(self) -> Problem:
+    def refusal(self) -> Problem:
+        """The answer to a request ``refuses`` turned away, counted."""
         self.on_shed()
         lag_ms = self.lag.lag_s * 1000
         message = (
@@ -146,7 +147,7 @@ def admit_requests(
                 inner_receive = _replay(body, receive)
             route = scope.get("path_template") or "unmatched"
             if shedding is not None and shedding.refuses() and not route.startswith(ALWAYS_ANSWERED):
-                await send_error(scope, send, shedding.problem())
+                await send_error(scope, send, shedding.refusal())
                 return
             if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
                 message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
