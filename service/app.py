@@ -137,7 +137,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     lifecycle = Lifecycle(state, settings.shutdown_timeout_s)
     state.lifecycle = lifecycle
-    tracing = Tracing.from_environment()
+    tracing = Tracing.from_environment(lambda reason, count: metrics.spans_dropped.labels(reason).inc(count))
     loop_lag = LoopLag(on_sample=metrics.event_loop_lag.observe)
     shedding = Shedding(loop_lag, settings.shed_lag_ms / 1000, metrics.shed.inc)
     keys = ApiKeys.from_settings(settings)
@@ -186,7 +186,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.inference = inference
         app.state.services = Services(inference, settings)
         grpc_server = (
-            GrpcServer(inference, lifecycle, settings, metrics, quotas)
+            GrpcServer(inference, lifecycle, settings, metrics, quotas, tracing.grpc_interceptors())
             if settings.grpc_port is not None
             else None
         )

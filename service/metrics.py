@@ -93,6 +93,12 @@ class Metrics:
             "HTTP requests refused at the edge, low priority while the event loop lagged over SHED_LAG_MS",
             [],
         )
+        self.spans_dropped = counter(
+            "trace_spans_dropped",
+            "Finished spans that never reached the collector: the exporter's queue was full (queue_full), "
+            "the export failed (export_failed), or the exporter had shut down (already_shutdown)",
+            ["reason"],
+        )
 
         # --- gRPC (GRPC_PORT) -----------------------------------------------------------------
         by_call = ["method", "model", "code"]

@@ -1,20 +1,32 @@
-"""Traces (service/tracing.py) exported to a real OTLP/gRPC receiver on loopback (tests/otlp.py): the
-caller's W3C trace is continued, the sampler is obeyed, and a receiver that is down fails nothing."""
+"""Traces (service/tracing.py, service/spans.py) exported to real OTLP receivers on loopback (tests/otlp.py):
+the caller's W3C trace is continued on both doors, through the core to the queue and the batch that served
+it; a batch's span links every request it served; a stream's spans end with it; the sampler is obeyed; and
+a receiver that is down fails nothing and is counted."""
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
-from otlp import OtlpReceiver
-from servers import LiveServer
+import tritonclient.grpc as tgrpc
+from otlp import OtlpHttpReceiver, OtlpReceiver, ReceivedSpan
+from servers import LiveServer, metric
 
 from harness.ports import free_port
+from service import spans
 from service.settings import Settings
-from service.tracing import DEFAULT_SERVICE_NAME, resource_from_environment, tracing_configured
+from service.tracing import (
+    DEFAULT_SERVICE_NAME,
+    protocol_from_environment,
+    resource_from_environment,
+    tracing_configured,
+)
 
 SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 
@@ -27,6 +39,16 @@ def _settings(tiny_models: Path) -> Settings:
 def receiver() -> Iterator[OtlpReceiver]:
     with OtlpReceiver() as r:
         yield r
+
+
+def _traceparent() -> tuple[str, str, dict[str, str]]:
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, parent_id, {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+
+
+def _one(spans_: list[ReceivedSpan], name: str) -> ReceivedSpan:
+    (found,) = [s for s in spans_ if s.name == name]
+    return found
 
 
 def _trace_to(monkeypatch: pytest.MonkeyPatch, endpoint: str, **extra: str) -> None:
@@ -98,14 +120,243 @@ def test_with_the_sampler_off_nothing_is_exported(
     assert receiver.spans == []
 
 
-def test_a_receiver_that_is_down_fails_no_request(tiny_models: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _trace_to(monkeypatch, f"http://127.0.0.1:{free_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="1000")
+def test_a_receiver_that_is_down_fails_no_request_and_what_is_lost_is_counted(
+    tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(
+        monkeypatch,
+        f"http://127.0.0.1:{free_port()}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",  # seconds: each export gives up after one
+        OTEL_BSP_MAX_QUEUE_SIZE="8",  # a request makes more spans than that: the queue overflows
+        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8",
+    )
+    dropped = "tserve_trace_spans_dropped_total"
     with LiveServer(_settings(tiny_models)) as server:
         for i in range(5):
             r = httpx.post(
                 f"{server.url}/v1/classify",
                 json={"text": f"nobody collects this {i}"},
-                headers={"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"},
+                headers=_traceparent()[2],
                 timeout=30,
             )
             assert r.status_code == 200, r.text
+        assert metric(server.url, dropped, reason="queue_full") > 0
+        deadline = time.monotonic() + 20
+        while metric(server.url, dropped, reason="export_failed") == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metric(server.url, dropped, reason="export_failed") > 0
+
+
+def test_the_otlp_protocol_is_the_standard_variables_and_one_without_an_exporter_is_refused() -> None:
+    assert protocol_from_environment({}) == "grpc"
+    assert protocol_from_environment({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}) == "http/protobuf"
+    both = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}
+    assert protocol_from_environment(both) == "grpc"  # the per-signal variable wins
+    with pytest.raises(ValueError, match="http/json"):
+        protocol_from_environment({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+def test_a_request_is_traced_door_admission_core_cache_tokenize_queue_and_the_batch_it_rode_in(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    settings = Settings(MODEL_REPOSITORY=tiny_models, SERVED_MODELS=["bert-classifier"], CACHE_ENABLED=True)
+    with LiveServer(settings) as server:
+        assert spans.on()
+        traces = []
+        for _ in range(2):  # the second is the first's cache hit
+            trace_id, _parent, headers = _traceparent()
+            r = httpx.post(f"{server.url}/v1/classify", json={"text": "traced"}, headers=headers, timeout=30)
+            assert r.status_code == 200, r.text
+            traces.append(receiver.wait_for(trace_id, "POST /v1/classify"))
+        version = server.pipeline("bert-classifier").model.version
+    assert not spans.on()  # the app's end turned its spans off
+
+    computed, cached = traces
+    door = _one(computed, "POST /v1/classify")
+    admission, core = _one(computed, "admission"), _one(computed, "text-classification")
+    assert admission.parent_span_id == door.span_id and admission.attributes["inference.admitted"] is True
+    assert core.parent_span_id == door.span_id
+    assert core.attributes["inference.model.name"] == "bert-classifier"
+    assert core.attributes["inference.model.version"] == version
+    for name in ("cache lookup", "tokenize", "queue", "compute"):
+        assert _one(computed, name).parent_span_id == core.span_id, name
+    assert _one(computed, "cache lookup").attributes["cache.hit"] is False
+    assert _one(cached, "cache lookup").attributes["cache.hit"] is True
+    assert not [s for s in cached if s.name in ("tokenize", "queue", "compute")]  # a hit computes nothing
+
+    compute = _one(computed, "compute")
+    ((batch_trace, batch_span),) = compute.links
+    (batch,) = [s for s in receiver.named("batch") if s.span_id == batch_span]
+    assert batch.trace_id == batch_trace != door.trace_id  # its own trace: one run serves many requests
+    assert (door.trace_id, core.span_id) in batch.links  # and it says whom it served
+    attributes = batch.attributes
+    assert attributes["inference.model.name"] == "bert-classifier"
+    assert attributes["inference.model.version"] == version
+    assert attributes["inference.model.variant"] == server.pipeline("bert-classifier").model.variant.name
+    assert attributes["inference.device"] == "cpu"
+    assert attributes["inference.batch.size"] == 1
+    assert attributes["inference.batch.padded_length"] > 0
+    queue = _one(computed, "queue")
+    assert (
+        queue.span.end_time_unix_nano <= batch.span.start_time_unix_nano + 1_000_000
+    )  # the wait, then the run
+
+
+def test_eight_concurrent_requests_make_one_batch_span_linked_to_all_eight(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models,
+        SERVED_MODELS=["bert-classifier"],
+        CACHE_ENABLED=False,
+        MAX_BATCH_SIZE=8,
+        MAX_QUEUE_DELAY_MS=5000,  # the batch forms when the 8th arrives, not before
+    )
+    sent = [_traceparent() for _ in range(8)]
+    with LiveServer(settings) as server, ThreadPoolExecutor(8) as pool:
+        server.occupy("bert-classifier", 1.0)  # all 8 queue while the model is busy
+
+        def classify(i: int) -> int:
+            body = {"text": f"the same length {i}"}
+            return httpx.post(
+                f"{server.url}/v1/classify", json=body, headers=sent[i][2], timeout=60
+            ).status_code
+
+        assert list(pool.map(classify, range(8))) == [200] * 8
+        traces = [receiver.wait_for(trace_id, "compute") for trace_id, _, _ in sent]
+    cores = {_one(t, "text-classification").trace_id: _one(t, "text-classification").span_id for t in traces}
+    batch_ids = {_one(t, "compute").links[0] for t in traces}
+    assert len(batch_ids) == 1, batch_ids  # every request's trace reaches the same batch span
+    ((batch_trace, batch_span),) = batch_ids
+    (batch,) = [s for s in receiver.named("batch") if s.span_id == batch_span and s.trace_id == batch_trace]
+    assert batch.attributes["inference.batch.size"] == 8
+    assert sorted(batch.links) == sorted(cores.items())  # and it links each request's span
+
+
+def test_the_grpc_door_continues_the_trace_in_the_call_metadata(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    port = free_port()
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models, SERVED_MODELS=["bert-classifier"], CACHE_ENABLED=False, GRPC_PORT=port
+    )
+    trace_id, parent_id, headers = _traceparent()
+    with LiveServer(settings):
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            text = tgrpc.InferInput("text", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"a traced call"], dtype=np.object_))
+            result = client.infer("bert-classifier", [text], headers=headers)
+            assert result.get_response().outputs
+        finally:
+            client.close()
+        traced = receiver.wait_for(trace_id, "compute")
+        door = _one(traced, "/inference.GRPCInferenceService/ModelInfer")
+    assert door.span.kind == SERVER
+    assert door.parent_span_id == parent_id
+    assert door.attributes["rpc.system"] == "grpc"
+    core = _one(traced, "text-classification")
+    assert core.parent_span_id == door.span_id
+    assert _one(traced, "queue").parent_span_id == core.span_id
+
+
+def _generation_settings(tiny_models: Path) -> Settings:
+    return Settings(MODEL_REPOSITORY=tiny_models, SERVED_MODELS=["gpt"], CACHE_ENABLED=False)
+
+
+def test_a_generation_is_one_genai_span_with_queue_prefill_and_decode_and_its_first_token(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    trace_id, _parent, headers = _traceparent()
+    with LiveServer(_generation_settings(tiny_models)) as server:
+        body = {"prompt": "ROMEO:", "max_new_tokens": 5, "temperature": 0}
+        r = httpx.post(f"{server.url}/v1/generate", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        traced = receiver.wait_for(trace_id, "text_completion gpt")
+    answer = r.json()["results"][0]
+    generation = _one(traced, "text_completion gpt")
+    attributes = generation.attributes
+    assert attributes["gen_ai.operation.name"] == "text_completion"
+    assert attributes["gen_ai.request.model"] == "gpt"
+    assert attributes["gen_ai.request.max_tokens"] == 5
+    assert attributes["gen_ai.usage.output_tokens"] == answer["completion_tokens"]
+    assert attributes["gen_ai.usage.input_tokens"] == r.json()["usage"]["input_tokens"]
+    assert attributes["gen_ai.response.finish_reasons"] == [answer["finish_reason"]]
+    assert generation.parent_span_id == _one(traced, "text-generation").span_id
+    queue, prefill, decode = (_one(traced, n) for n in ("queue", "prefill", "decode"))
+    assert {queue.parent_span_id, prefill.parent_span_id, decode.parent_span_id} == {generation.span_id}
+    assert decode.attributes["gen_ai.usage.output_tokens"] == answer["completion_tokens"]
+    first = decode.events["first_token"]
+    assert 0 < first["gen_ai.server.time_to_first_token"] <= generation.seconds
+    ((batch_trace, batch_span),) = prefill.links  # the prefill's model run
+    (batch,) = [s for s in receiver.named("batch") if s.span_id == batch_span]
+    assert batch.trace_id == batch_trace and batch.attributes["inference.batch.phase"] == "prefill"
+    assert (trace_id, generation.parent_span_id) in batch.links
+    assert not [s for s in traced if s.name not in _GENERATION_SPANS]  # no span per token
+
+
+_GENERATION_SPANS = {
+    "POST /v1/generate",
+    "admission",
+    "text-generation",
+    "cache lookup",
+    "tokenize",
+    "text_completion gpt",
+    "queue",
+    "prefill",
+    "decode",
+}
+
+
+def test_a_streams_spans_end_when_its_client_hangs_up(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    with LiveServer(_generation_settings(tiny_models)) as server:
+        engine = server.pipeline("gpt").engine
+        trace_id, _parent, headers = _traceparent()
+        body = {
+            "prompt": "ROMEO:",
+            "max_new_tokens": engine.max_context - 8,
+            "temperature": 0,
+            "stream": True,
+        }
+        with (
+            httpx.Client(base_url=server.url, timeout=60) as client,
+            client.stream("POST", "/v1/generate", json=body, headers=headers) as r,
+        ):
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    # The model is held busy, so the sequence is still running when the client leaves.
+                    server.occupy("gpt", 1.0)
+                    break
+        hung_up = time.monotonic()
+        traced = receiver.wait_for(trace_id, "text_completion gpt")
+        assert time.monotonic() - hung_up < 20
+    generation = _one(traced, "text_completion gpt")
+    assert generation.attributes["gen_ai.response.finish_reasons"] == ["cancelled"]
+    assert 1 <= generation.attributes["gen_ai.usage.output_tokens"] < engine.max_context - 8
+    decode = _one(traced, "decode")
+    assert decode.span.end_time_unix_nano <= generation.span.end_time_unix_nano
+    door = _one(traced, "POST /v1/generate")  # the door's span ended too, with the stream
+    assert door.span.end_time_unix_nano >= generation.span.start_time_unix_nano
+
+
+def test_spans_go_over_otlp_http_protobuf_when_the_protocol_says_so(
+    tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with OtlpHttpReceiver() as receiver:
+        _trace_to(monkeypatch, receiver.endpoint, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
+        trace_id, _parent, headers = _traceparent()
+        with LiveServer(_settings(tiny_models)) as server:
+            r = httpx.post(
+                f"{server.url}/v1/classify", json={"text": "over http"}, headers=headers, timeout=30
+            )
+            assert r.status_code == 200, r.text
+            traced = receiver.wait_for(trace_id, "compute")
+    assert {"POST /v1/classify", "text-classification", "queue", "compute"} <= {s.name for s in traced}

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from service import spans
 from service.pipelines.results import Outcome, Usage
 
 from .backends import CacheBackend
@@ -116,7 +117,10 @@ class ResponseCache:
         model, version = pipeline.name, pipeline.model.version
         key = response_key(self.prefix, model, version, pipeline.task, request, control.scope)
         if control.lookup:
-            hit = self._decode(await self.backend.get(key), model, version, result_type)
+            with spans.span("cache lookup", {"cache.backend": self.backend.kind}) as lookup:
+                hit = self._decode(await self.backend.get(key), model, version, result_type)
+                if lookup is not None:
+                    lookup.set_attribute("cache.hit", hit is not None)
             if hit is not None:
                 if self._observer is not None:
                     self._observer.on_cache_hit(model)

@@ -5,6 +5,10 @@ length and await the result; a single worker task forms batches under a size and
 padded-token budget, splits each batch into length-sorted sub-batches, and runs them
 one after another in a dedicated thread (the model call blocks, but ONNX Runtime releases
 the GIL, so the event loop keeps serving). Knows nothing of HTTP or of any model.
+
+With traces on, each model run is one ``batch`` span, the root of its own trace, linked to the span of
+every request it served and carrying the model's attributes (``span_attributes``); each request's trace
+gets its ``queue`` wait and its share of the run (``compute``, linked to the batch span).
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from opentelemetry.context import Context
+
+from service import spans
 
 from . import scheduling
 from .errors import (
@@ -149,6 +157,7 @@ class _Entry(Generic[In, Out]):
     client_deadline: bool = False  # expires_at is the client's: 504, not 503
     taken: bool = False
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    trace: Context | None = field(default=None, repr=False)  # the request's, with traces on
 
 
 class DynamicBatcher(ModelWorker, Generic[In, Out]):
@@ -167,8 +176,10 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         policy: BatchPolicy,
         run_batch: Callable[[list[In]], Sequence[Out | BaseException]],
         observer: BatcherObserver | None = None,
+        span_attributes: Mapping[str, str] | None = None,
     ) -> None:
         self._observer: BatcherObserver = with_defaults(observer, NullObserver)
+        self._span_attributes = dict(span_attributes or {})  # the model's, on each batch span
         super().__init__(name, policy.max_queue_size, policy.max_batch_size, self._observer.on_reject)
         self.policy = policy
         self._run_batch = run_batch
@@ -202,6 +213,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         entry: _Entry[In, Out] = _Entry(
             item, cost, loop.create_future(), now, request.priority, expires_at, client_deadline
         )
+        entry.trace = spans.current_context()
         entry.timer = loop.call_at(loop.time() + max(0.0, expires_at - now), self._expire, entry)
         self._queue.append(entry)
         self._observer.on_enqueue(len(self._queue))
@@ -387,11 +399,15 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         self._count_cancelled(cancelled)
         if not entries:
             return
-        compute_seconds = time.monotonic() - started  # until the loop has the results, as the metric says
-        padded = max(e.cost for e in entries) * len(entries)
+        ended = time.monotonic()
+        compute_seconds = ended - started  # until the loop has the results, as the metric says
+        longest = max(e.cost for e in entries)
+        padded = longest * len(entries)
         self._observer.on_batch(
             len(entries), padded, [started - e.enqueued_at for e in entries], compute_seconds
         )
+        if spans.on():
+            self._trace(entries, started, ended, longest)
         for entry, result in zip(entries, results, strict=True):
             if entry.future.done():  # caller left during the computation
                 continue
@@ -399,6 +415,36 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
                 entry.future.set_exception(result)
             else:
                 entry.future.set_result(result)
+
+    def _trace(self, entries: list[_Entry[In, Out]], started: float, ended: float, longest: int) -> None:
+        """The model run's span, linked to every traced request in it, and each request's queue wait and
+        share of the run in its own trace."""
+        traced = [e for e in entries if e.trace is not None]
+        if not traced:
+            return
+        batch = spans.record(
+            "batch",
+            None,
+            started,
+            ended,
+            {
+                **self._span_attributes,
+                "inference.batch.size": len(entries),
+                "inference.batch.padded_length": longest,
+                "inference.batch.padded_tokens": longest * len(entries),
+            },
+            [spans.link_to(e.trace) for e in traced if e.trace is not None],
+        )
+        if batch is None:
+            return
+        to_batch = [spans.link_to(batch)]
+        for entry in traced:
+            spans.record(
+                "queue", entry.trace, entry.enqueued_at, started, {"inference.priority": entry.priority}
+            )
+            spans.record(
+                "compute", entry.trace, started, ended, {"inference.batch.size": len(entries)}, to_batch
+            )
 
     def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:
         """One model call, on the compute thread; if it raises, every item of it gets an InferenceError

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from service import spans
+
 from . import scheduling
 from .decoder_graph import DecoderGraph
 from .errors import (
@@ -48,6 +50,7 @@ from .generation_contract import (
     TokenEvent,
 )
 from .generation_stream import GenerationStream
+from .generation_trace import SequenceTrace
 from .kv_cache import KVCache
 from .manifest import required
 from .repository import LoadedModel
@@ -89,6 +92,7 @@ class GenerationEngine(ModelWorker):
         )
         self._prefilling: list[SequenceState] = []
         self.cancelled_sequences = 0
+        self._span_attributes = model.span_attributes
 
     # --- gauges -------------------------------------------------------------------------
 
@@ -134,6 +138,10 @@ class GenerationEngine(ModelWorker):
         seq = SequenceState(
             request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode
         )
+        trace = spans.current_context()
+        if trace is not None:
+            seq.trace = SequenceTrace(trace, request, seq.submitted_at)
+            stream.on_end = partial(self._traced_end, seq)
         asked = scheduling.current()
         seq.priority, seq.deadline = asked.priority, asked.deadline
         seq.expires_at, seq.client_deadline = asked.wait_limit(self.queue_timeout_s, seq.submitted_at)
@@ -171,6 +179,8 @@ class GenerationEngine(ModelWorker):
             if not seq.done:
                 newcomers.append(seq)
                 self._hooks.on_class_wait(seq.priority, now - seq.submitted_at)
+                if seq.trace is not None:
+                    seq.trace.admitted_at = now
         if newcomers:
             self._depth_changed()
         return newcomers
@@ -262,7 +272,10 @@ class GenerationEngine(ModelWorker):
             while groups:
                 group = groups.pop(0)
                 try:
+                    started = time.monotonic()
                     events, cache = await self._compute(partial(self._batch.prefill, group), len(group))
+                    if spans.on():
+                        self._trace_prefill(group, started, cache.width)
                 except Exception as exc:
                     log.error(
                         "generation %s: prefill of %d sequence(s) failed", self.name, len(group), exc_info=exc
@@ -277,6 +290,40 @@ class GenerationEngine(ModelWorker):
             return joining
         finally:
             self._prefilling = []
+
+    def _trace_prefill(self, group: list[SequenceState], started: float, padded_length: int) -> None:
+        """The prefill's model run as a ``batch`` span linked to each traced sequence's request, and each
+        sequence's prefill window (recorded with its other spans when its stream ends)."""
+        traced = [seq.trace for seq in group if seq.trace is not None]
+        if not traced:
+            return
+        ended = time.monotonic()
+        batch = spans.record(
+            "batch",
+            None,
+            started,
+            ended,
+            {
+                **self._span_attributes,
+                "inference.batch.phase": "prefill",
+                "inference.batch.size": len(group),
+                "inference.batch.padded_length": padded_length,
+                "inference.batch.padded_tokens": padded_length * len(group),
+            },
+            [spans.link_to(trace.context) for trace in traced],
+        )
+        for trace in traced:
+            trace.prefill_started, trace.prefill_ended = started, ended
+            if batch is not None:
+                trace.prefill_batch = [spans.link_to(batch)]
+
+    def _traced_end(self, seq: SequenceState, stream: GenerationStream) -> None:
+        """A traced sequence's stream ended (finished, failed, or cancelled by its client): its spans."""
+        assert seq.trace is not None
+        result, error = stream._result, stream._error
+        reason = result.finish_reason if result is not None else "error" if error is not None else "cancelled"
+        tokens = result.completion_tokens if result is not None else len(seq.generated)
+        seq.trace.record(self._span_attributes, output_tokens=tokens, finish_reason=reason, error=error)
 
     async def _decode(self, joining: list[tuple[list[SequenceState], KVCache]]) -> None:
         joined = [s for seqs, _ in joining for s in seqs]
@@ -294,6 +341,8 @@ class GenerationEngine(ModelWorker):
                 continue
             if event.index == 0:
                 seq.first_token_at = now
+                if seq.trace is not None:
+                    seq.trace.first_token_at = now
                 self._hooks.on_first_token(now - seq.submitted_at)
             else:
                 self._hooks.on_token(now - seq.last_token_at)

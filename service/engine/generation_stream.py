@@ -25,6 +25,9 @@ class GenerationStream:
         self._error: BaseException | None = None
         self._cancelled = False
         self._changed = asyncio.Event()
+        self.on_end: Callable[[GenerationStream], None] | None = (
+            None  # once, when it finishes, fails or is cancelled
+        )
 
     @property
     def done(self) -> bool:
@@ -71,6 +74,7 @@ class GenerationStream:
         self._cancelled = True
         self._notify()
         self._on_cancel(self)
+        self._ended()
 
     # engine side (event loop only)
 
@@ -83,11 +87,18 @@ class GenerationStream:
         if not self.done:
             self._result = result
             self._notify()
+            self._ended()
 
     def _fail(self, error: BaseException) -> None:
         if not self.done:
             self._error = error
             self._notify()
+            self._ended()
+
+    def _ended(self) -> None:
+        if self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end(self)
 
     def _notify(self) -> None:
         """Wake every waiter; the next waiters wait on a fresh event."""

@@ -72,6 +72,16 @@ class LoadedModel:
         return self.manifest.version
 
     @property
+    def span_attributes(self) -> dict[str, str]:
+        """What a trace's span of one of this model's runs says of it (``service.spans``)."""
+        return {
+            "inference.model.name": self.name,
+            "inference.model.version": self.version,
+            "inference.model.variant": self.variant.name,
+            "inference.device": "cuda" if any(g.on_cuda for g in self.graphs.values()) else "cpu",
+        }
+
+    @property
     def provider(self) -> str:
         return next(iter(self.graphs.values())).provider
 

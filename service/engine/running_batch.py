@@ -18,6 +18,7 @@ from .decoder_graph import DecoderGraph
 from .detokenizer import IncrementalDetokenizer
 from .generation_contract import GenerationRequest, GenerationResult, TokenEvent
 from .generation_stream import GenerationStream
+from .generation_trace import SequenceTrace
 from .kv_cache import KVBuffer, KVCache
 from .sampling import TokenLogprob, TokenSampler, prompt_token_logprobs, token_logprob
 
@@ -55,6 +56,7 @@ class SequenceState:
         self.first_token_at = 0.0
         self.last_token_at = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        self.trace: SequenceTrace | None = None  # with traces on, when its request is sampled
 
     @property
     def done(self) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
+from service import spans
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from service.context import current_key
@@ -458,9 +459,13 @@ class InferenceService:
         cache: CacheControl,
         compute: Callable[[], Awaitable[Outcome[R]]],
     ) -> Outcome[R]:
-        outcome = await self.cache.get_or_compute(
-            pipeline, request=request, result_type=result_type, control=cache, compute=compute
-        )
+        """The answer, from the cache or computed, charged to the caller's key unless cached: the core's
+        span of the request (named for its task), whose children are the cache lookup, the tokenizing and
+        the queue wait."""
+        with spans.span(pipeline.task, pipeline.model.span_attributes):
+            outcome = await self.cache.get_or_compute(
+                pipeline, request=request, result_type=result_type, control=cache, compute=compute
+            )
         if not outcome.cached:
             await self._charge(outcome.usage)
         return outcome

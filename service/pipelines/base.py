@@ -136,7 +136,9 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
     ) -> None:
         super().__init__(model)
-        self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(model.name, policy, self.run_batch, observer)
+        self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(
+            model.name, policy, self.run_batch, observer, model.span_attributes
+        )
         self.attention_maps = AttentionMaps(model)
 
     @abstractmethod

@@ -10,6 +10,7 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+from service import spans
 from service.engine.runtime import Graph
 
 P = ParamSpec("P")
@@ -21,10 +22,12 @@ INLINE_LIMIT = 2048
 
 
 async def preprocess(size: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``fn(*args)``: inline for small inputs, in a worker thread for large ones (the loop stays free)."""
-    if size <= INLINE_LIMIT:
-        return fn(*args, **kwargs)
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    """``fn(*args)``, the tokenizing (its ``tokenize`` span, with traces on): inline for small inputs, in a
+    worker thread for large ones (the loop stays free)."""
+    with spans.span("tokenize", {"inference.input.chars": size}):
+        if size <= INLINE_LIMIT:
+            return fn(*args, **kwargs)
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ flight get the shutdown timeout to finish (``grace``), new ones meet the core's 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc as rpc
@@ -31,12 +32,14 @@ class GrpcServer:
         settings: Settings,
         metrics: Metrics,
         quotas: Quotas | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
+        """``interceptors`` run first, before the key check (traces: ``Tracing.grpc_interceptors``)."""
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
         keys = ApiKeys.from_settings(settings)
         self.server = grpc.aio.server(
-            interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else [],
+            interceptors=[*interceptors, *([ApiKeyInterceptor(keys)] if keys.enabled else [])],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
         )
         rpc.add_GRPCInferenceServiceServicer_to_server(

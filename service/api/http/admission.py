@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
+from service import spans
 from service.api.http.raw_errors import send_error
 from service.errors import Problem
 from service.inference import scheduling
@@ -118,40 +119,51 @@ def admit_requests(
     body_timeout_s: float,
     shedding: Shedding | None = None,
 ) -> Callable[[ASGIApp], ASGIApp]:
+    async def admit(scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """The app's ``receive`` once the request is admitted; ``None`` once it was answered (or its client
+        left) here."""
+        length, has_body = _declared_length(scope)
+        if length is not None and length > max_body_bytes:
+            await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
+            return None
+        inner_receive = receive
+        if has_body:
+            try:
+                body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
+            except _Disconnected:
+                return None  # nobody to answer
+            except _TooLarge:
+                await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
+                return None
+            except TimeoutError:
+                await _refuse(
+                    scope,
+                    send,
+                    "request_timeout",
+                    f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
+                )
+                return None
+            inner_receive = _replay(body, receive)
+        route = scope.get("path_template") or "unmatched"
+        if shedding is not None and shedding.refuses() and not route.startswith(ALWAYS_ANSWERED):
+            await send_error(scope, send, shedding.refusal())
+            return None
+        if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
+            message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
+            await send_error(scope, send, Problem("overloaded", message, retry_after_s=1))
+            return None
+        return inner_receive
+
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            length, has_body = _declared_length(scope)
-            if length is not None and length > max_body_bytes:
-                await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
-                return
-            inner_receive = receive
-            if has_body:
-                try:
-                    body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
-                except _Disconnected:
-                    return  # nobody to answer
-                except _TooLarge:
-                    await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
-                    return
-                except TimeoutError:
-                    await _refuse(
-                        scope,
-                        send,
-                        "request_timeout",
-                        f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
-                    )
-                    return
-                inner_receive = _replay(body, receive)
-            route = scope.get("path_template") or "unmatched"
-            if shedding is not None and shedding.refuses() and not route.startswith(ALWAYS_ANSWERED):
-                await send_error(scope, send, shedding.refusal())
-                return
-            if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
-                message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
-                await send_error(scope, send, Problem("overloaded", message, retry_after_s=1))
+            with spans.span("admission") as admission:
+                inner_receive = await admit(scope, receive, send)
+                if admission is not None:
+                    admission.set_attribute("inference.admitted", inner_receive is not None)
+            if inner_receive is None:
                 return
             lifecycle.request_started()
             try:

@@ -1,0 +1,137 @@
+"""The spans made inside a request, on the tracer provider ``tracing.py`` turned on; nothing while traces are off.
+
+Every layer (the doors, the core, the cache, the pipelines, the engine) makes its spans here, so each pays
+one check of a module global while traces are off: no tracer, no context copied, no span object. The
+provider is the process's, as OpenTelemetry's global one is, but one that can be switched back off: a test
+process starts many apps, each with its own provider or none.
+
+Work that another task or thread does for a request (a batch, a decoding loop) carries the request's
+context (``current_context``) and records its spans when it knows their times (``record``): a queue wait is
+known once the batch starts, a model run once it ends. Times are ``time.monotonic()`` readings, turned
+into the wall-clock nanoseconds spans carry when recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, Tracer, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+Attributes = Mapping[str, AttributeValue]
+Event = tuple[str, float, Attributes]  # name, time.monotonic() when it happened, attributes
+
+_tracer: Tracer | None = None
+_provider: TracerProvider | None = None
+_OFF: AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def activate(provider: TracerProvider) -> None:
+    """Spans from now on go to ``provider`` (an app with traces on, at its start)."""
+    global _tracer, _provider
+    _provider = provider
+    _tracer = provider.get_tracer("service")
+
+
+def deactivate(provider: TracerProvider) -> None:
+    """Back to no spans, unless another provider was activated since (an app with traces on, at its end)."""
+    global _tracer, _provider
+    if _provider is provider:
+        _provider = _tracer = None
+
+
+def on() -> bool:
+    return _tracer is not None
+
+
+def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[Span | None]:
+    """A child of the current span, current inside the ``with`` block; ``None`` there while traces are off."""
+    tracer = _tracer
+    if tracer is None:
+        return _OFF
+    return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def current_context() -> Context | None:
+    """The current context, for work done elsewhere on the request's behalf; ``None`` while traces are off
+    or when the request is not sampled (nothing of it is recorded, so nothing needs carrying)."""
+    if _tracer is None:
+        return None
+    ctx = otel_context.get_current()
+    return ctx if trace.get_current_span(ctx).is_recording() else None
+
+
+def link_to(ctx: Context | Span) -> Link:
+    """A link to the span of ``ctx`` (or to ``ctx`` itself, a span)."""
+    target = ctx if isinstance(ctx, Span) else trace.get_current_span(ctx)
+    return Link(target.get_span_context())
+
+
+def wall_ns(monotonic_s: float, now_ns: int | None = None) -> int:
+    """A ``time.monotonic()`` reading as the wall-clock nanoseconds a span carries."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return now_ns - int((time.monotonic() - monotonic_s) * 1e9)
+
+
+def start(
+    name: str,
+    parent: Context | Span | None,
+    at: float,
+    attributes: Attributes | None = None,
+    links: Sequence[Link] = (),
+) -> Span | None:
+    """A span begun at ``at`` (monotonic): a child of ``parent`` (a context or a span), or a new trace's root
+    when ``parent`` is None. The caller ends it (``end``). ``None`` while traces are off."""
+    tracer = _tracer
+    if tracer is None:
+        return None
+    if isinstance(parent, Span):
+        parent = trace.set_span_in_context(parent, Context())
+    elif parent is None:
+        parent = Context()  # empty: a root, not a child of whatever is current
+    return tracer.start_span(name, parent, attributes=attributes, links=links, start_time=wall_ns(at))
+
+
+def end(
+    span: Span | None, at: float, events: Iterable[Event] = (), attributes: Attributes | None = None
+) -> None:
+    """End ``span`` at ``at`` (monotonic), with its events and last attributes."""
+    if span is None:
+        return
+    now_ns = time.time_ns()
+    for event_name, when, event_attributes in events:
+        span.add_event(event_name, event_attributes, timestamp=wall_ns(when, now_ns))
+    if attributes:
+        span.set_attributes(attributes)
+    span.end(end_time=wall_ns(at, now_ns))
+
+
+def record(
+    name: str,
+    parent: Context | Span | None,
+    began: float,
+    ended: float,
+    attributes: Attributes | None = None,
+    links: Sequence[Link] = (),
+    events: Iterable[Event] = (),
+) -> Span | None:
+    """A span that is already over: from ``began`` to ``ended`` (monotonic readings)."""
+    recorded = start(name, parent, began, attributes, links)
+    end(recorded, ended, events)
+    return recorded
+
+
+def set_attributes(attributes: Mapping[str, Any]) -> None:
+    """On the current span, when it records."""
+    if _tracer is None:
+        return
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(attributes)
