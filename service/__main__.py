@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 from service.http_server import uvicorn_config
+from service.logs import json_log_config
 from service.settings import SHARED_POOL_FLAG, Settings
 
 
@@ -39,6 +40,8 @@ def main() -> None:
 
     common: dict[str, Any] = dict(
         log_level=settings.log_level,
+        # LOG_FORMAT=json: uvicorn's own lines go to the root handler too (logs.py), not to its text handlers.
+        **({"log_config": json_log_config(settings)} if settings.log_format == "json" else {}),
         access_log=False,  # uvicorn's never: ours (ACCESS_LOG) has the request id and model (service.api.http.observe)
         timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)),
     )

@@ -9,12 +9,20 @@ starts in column 0 is always a record this formatter began, with its own timesta
 
 Request ids themselves follow one rule on every door (``api/http/request_id.py:client_request_id``):
 the client's id when it is short and made of safe characters, else a new one.
+
+``LOG_FORMAT=json`` writes each record as one JSON object on one line (python-json-logger; JSON escapes
+every control character), with the request id, the model, and the ``trace_id`` and ``span_id`` of the
+span current when it was logged (empty outside a traced request), so a log line leads to its trace.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from typing import Any
+
+from opentelemetry import trace
+from pythonjsonlogger.json import JsonFormatter
 
 from service.context import RequestContextFilter
 from service.settings import Settings
@@ -56,13 +64,58 @@ class LogLineFormatter(logging.Formatter):
         return _indented(super().formatStack(stack_info))
 
 
+class TraceContextFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (lowercase hex, as W3C ``traceparent`` writes them) of the span
+    current when the record was made; empty strings when none is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = format(context.trace_id, "032x")
+            record.span_id = format(context.span_id, "016x")
+        else:
+            record.trace_id = record.span_id = ""
+        return True
+
+
+JSON_FIELDS = ("asctime", "levelname", "name", "message", "request_id", "model", "trace_id", "span_id")
+
+
+def json_formatter() -> JsonFormatter:
+    """One JSON object per record: time, level, logger, message, request id, model, trace and span ids."""
+    return JsonFormatter(
+        list(JSON_FIELDS), rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}
+    )
+
+
+def log_handler(settings: Settings) -> logging.Handler:
+    """A handler on stderr in ``LOG_FORMAT``, with the request's context on every record."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(json_formatter() if settings.log_format == "json" else LogLineFormatter(LOG_FORMAT))
+    handler.addFilter(RequestContextFilter())
+    handler.addFilter(TraceContextFilter())
+    return handler
+
+
+def json_log_config(settings: Settings) -> dict[str, Any]:
+    """uvicorn's ``log_config`` for ``LOG_FORMAT=json``: the root logger gets the JSON handler, and uvicorn's
+    own loggers hand their records to it instead of writing text of their own."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"json": {"()": log_handler, "settings": settings}},
+        "root": {"handlers": ["json"], "level": "INFO"},
+        "loggers": {
+            name: {"handlers": [], "propagate": True}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+
+
 def configure_logging(settings: Settings) -> None:
     """Our loggers' level; a handler (with the request id and model) only when nobody configured one."""
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
     logging.getLogger("service").setLevel(level)
     root = logging.getLogger()
     if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(LogLineFormatter(LOG_FORMAT))
-        handler.addFilter(RequestContextFilter())
-        root.addHandler(handler)
+        root.addHandler(log_handler(settings))

@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: one line per record; json: one JSON object per line, with the request id, the "
+        "model, and the trace_id and span_id of the request's trace (with traces on)",
+    )
     served_models: Words = Field(
         default=[],
         description="Model names (folders) to load, comma-separated; empty: every folder. One model per "

@@ -17,7 +17,6 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -128,10 +127,11 @@ def record(
     return recorded
 
 
-def set_attributes(attributes: Mapping[str, Any]) -> None:
-    """On the current span, when it records."""
+def exemplar() -> dict[str, str] | None:
+    """The current span's trace and span ids as a histogram exemplar's labels, when it records."""
     if _tracer is None:
-        return
-    current = trace.get_current_span()
-    if current.is_recording():
-        current.set_attributes(attributes)
+        return None
+    ids = trace.get_current_span().get_span_context()
+    if not ids.trace_flags.sampled:
+        return None
+    return {"trace_id": format(ids.trace_id, "032x"), "span_id": format(ids.span_id, "016x")}

@@ -5,6 +5,7 @@ a receiver that is down fails nothing and is counted."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 from otlp import OtlpHttpReceiver, OtlpReceiver, ReceivedSpan
+from prometheus_client.openmetrics import parser as openmetrics
 from servers import LiveServer, metric
 
 from harness.ports import free_port
+from harness.service_process import ServiceProcess
 from service import spans
 from service.settings import Settings
 from service.tracing import (
@@ -360,3 +363,52 @@ def test_spans_go_over_otlp_http_protobuf_when_the_protocol_says_so(
             assert r.status_code == 200, r.text
             traced = receiver.wait_for(trace_id, "compute")
     assert {"POST /v1/classify", "text-classification", "queue", "compute"} <= {s.name for s in traced}
+
+
+def test_a_traced_requests_latency_carries_its_trace_id_as_an_openmetrics_exemplar(
+    tiny_models: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _trace_to(monkeypatch, receiver.endpoint)
+    trace_id, _parent, headers = _traceparent()
+    with LiveServer(_settings(tiny_models)) as server:
+        r = httpx.post(f"{server.url}/v1/classify", json={"text": "exemplary"}, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        scrape = httpx.get(
+            f"{server.url}/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=10
+        )
+        door = receiver.wait_for(trace_id, "POST /v1/classify")
+    assert scrape.headers["content-type"].startswith("application/openmetrics-text")
+    exemplars = [
+        s.exemplar.labels
+        for family in openmetrics.text_string_to_metric_families(scrape.text)
+        if family.name == "tserve_http_request_duration_seconds"
+        for s in family.samples
+        if s.exemplar is not None and s.labels.get("route") == "/v1/classify"
+    ]
+    assert {"trace_id": trace_id, "span_id": _one(door, "POST /v1/classify").span_id} in exemplars
+
+
+def test_json_logs_carry_the_trace_and_span_of_the_request_they_were_written_in(
+    tiny_models: Path, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    env = {
+        "MODEL_REPOSITORY": str(tiny_models),
+        "SERVED_MODELS": "bert-classifier",
+        "CACHE_ENABLED": "false",
+        "LOG_FORMAT": "json",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    trace_id, _parent, headers = _traceparent()
+    with ServiceProcess(env, log_path=tmp_path / "service.log", stop_grace_s=10) as service:
+        r = httpx.post(f"{service.url}/v1/classify", json={"text": "logged"}, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        door = _one(receiver.wait_for(trace_id, "POST /v1/classify"), "POST /v1/classify")
+    lines = [line for line in (tmp_path / "service.log").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line is one JSON object, uvicorn's own too
+    assert any(rec["logger"].startswith("uvicorn") for rec in records)
+    (access,) = [rec for rec in records if rec["logger"] == "service.access" and rec["trace_id"] == trace_id]
+    assert access["span_id"] == door.span_id
+    assert access["request_id"] == r.headers["x-request-id"]
+    assert access["model"] == "bert-classifier" and "/v1/classify" in access["message"]
+    assert {"time", "level"} <= set(access)

@@ -21,6 +21,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
+from service import spans
 from service.api.grpc.auth import metadata_of
 from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
@@ -98,7 +99,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             elapsed = time.perf_counter() - started
             labels = (method, request_context.model or "-", code.name)
             self.metrics.grpc_requests.labels(*labels).inc()
-            self.metrics.grpc_latency.labels(*labels).observe(elapsed)
+            self.metrics.grpc_latency.labels(*labels).observe(elapsed, spans.exemplar())
             if self.log_access:
                 access_log.info("gRPC %s %s %.3fs", method, code.name, elapsed)
             in_flight.dec()

@@ -11,6 +11,9 @@ routes without one), so failed requests are attributed too.
 The access log line (logger ``service.access``, INFO) holds the request id,
 method, route, status, model, body sizes and seconds: never request or
 response content.
+
+With traces on, a sampled request's latency is observed with an exemplar, its trace and span ids, which
+``/metrics`` shows to a scraper that asks for OpenMetrics: a dashboard goes from a slow bucket to a trace.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 from opentelemetry import trace
 
+from service import spans
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
 from service.metrics import Metrics
@@ -54,6 +58,7 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
             if span.is_recording():
                 span.update_name(f"{method} {route}")
                 span.set_attribute("http.route", route)
+            exemplar = spans.exemplar()
             context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
@@ -83,7 +88,7 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
                 elapsed = time.perf_counter() - started
                 requests, latency = children(route, method, context.model, status)
                 requests.inc()
-                latency.observe(elapsed)
+                latency.observe(elapsed, exemplar)
                 if log_access:
                     access_log.info(
                         "%s %s %d in=%dB out=%dB %.3fs", method, route, status, sizes[0], sizes[1], elapsed
