@@ -39,6 +39,7 @@ import yaml
 
 from harness.ports import free_port
 from service.settings import Settings
+from service.tracing import tracing_configured
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -64,6 +65,11 @@ COMPOSE_VARIABLES = (
     "LOAD_MIX",
     "API_REPLICAS",
     "LB_PORT",
+    "LOG_FORMAT",
+    "JAEGER_UI_PORT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
 )
 # Environment variables the images and manifests set that are not service Settings.
 NON_SETTINGS_ENV = {"ORT_DISABLE_TELEMETRY", "CUDA_CACHE_PATH"}
@@ -425,8 +431,15 @@ def test_healthcheck_script_follows_readiness(health_server: tuple[int, type[_He
 # ================================================================================================= compose
 
 
-def _compose_config(*files: str, profiles: tuple[str, ...] = ()) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES and not k.startswith("COMPOSE_")}
+def _compose_config(
+    *files: str, profiles: tuple[str, ...] = (), keep: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``config`` of ``files`` with the variables they read unset, but for those in ``keep``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (k not in COMPOSE_VARIABLES or k in keep) and not k.startswith("COMPOSE_")
+    }
     command = [_compose_binary()]
     for name in files:
         command += ["-f", str(REPO / name)]
@@ -491,7 +504,11 @@ def test_compose_api(compose: dict[str, Any]) -> None:
     assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000"), (8001, "8001")]
     assert api["stop_signal"] == "SIGTERM"
     assert _seconds(api["stop_grace_period"]) > float(api["environment"]["SHUTDOWN_TIMEOUT_S"])
-    Settings(**{key.lower(): value for key, value in api["environment"].items()})  # valid settings
+    environment = api["environment"]
+    # Valid settings; OTEL_* are OpenTelemetry's own variables, read by its SDK (service/tracing.py).
+    Settings(**{key.lower(): value for key, value in environment.items() if not key.startswith("OTEL_")})
+    assert environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""  # traces off unless asked for
+    assert not tracing_configured(environment)
 
     build = api["build"]
     assert Path(build["context"]) == REPO and build["dockerfile"] == "Dockerfile"
@@ -519,6 +536,26 @@ def test_compose_prometheus_and_locust(compose: dict[str, Any]) -> None:
     assert locust["environment"]["DATA_DIR"] == "/data"
     assert any(v["target"] == "/data" and v.get("read_only") for v in locust["volumes"])
     assert [(p["target"], p["published"]) for p in locust["ports"]] == [(8089, "8089")]
+
+
+def test_compose_tracing_profile_adds_jaeger_and_the_endpoint_turns_traces_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://jaeger:4317")
+    config = _compose_config(
+        "docker-compose.yml", profiles=("tracing",), keep=("OTEL_EXPORTER_OTLP_ENDPOINT",)
+    )
+    jaeger = config["services"]["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]
+    assert jaeger["image"].startswith("jaegertracing/jaeger:2.")
+    assert [(p["target"], p["published"]) for p in jaeger["ports"]] == [(16686, "16686")]
+    assert "healthcheck" in jaeger
+    environment = config["services"]["api"]["environment"]
+    assert (
+        environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4317"
+    )  # the collector's OTLP/gRPC port
+    assert tracing_configured(environment)
+    assert "--enable-feature=exemplar-storage" in config["services"]["prometheus"]["command"]
 
 
 def test_compose_headless_profile() -> None:
