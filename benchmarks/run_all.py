@@ -34,6 +34,7 @@ from benchmarks import (
     protocols,
     response_cache,
     served_variants,
+    tracing,
     variants,
 )
 from benchmarks.cli import base_parser, options_from, timed_run
@@ -54,6 +55,7 @@ MODULES: list[ModuleType] = [
     served_variants,
     model_loads,
     priority,
+    tracing,
     peers,  # optional: needs --peers-python
 ]
 
@@ -74,6 +76,7 @@ HEADLINE = {
     "ray_serve_over_service_32": "peers",
     "reload_p99_over_steady_32": "model_loads",
     "priority_high_p99_overload_over_idle": "priority",
+    "traced_over_untraced_32": "tracing",
 }
 BUDGET_S = 18 * 60
 

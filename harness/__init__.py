@@ -8,8 +8,10 @@
 - ``event_loop``: running a client coroutine on uvloop.
 - ``stats``: percentile, median, ratio.
 - ``json_file``: strict JSON (NaN and infinities written as null).
+- ``otlp``: OTLP trace receivers (gRPC and HTTP/protobuf) that keep every span they are sent.
 
-Standard library only, and never imported by the service: the service image does not hold it. It is
+Standard library only (``otlp`` aside: grpcio and opentelemetry-proto, which the service installs), and
+never imported by the service: the service image does not hold it. It is
 found on ``sys.path`` from the repository root: pytest adds the root (``pythonpath`` in
 pyproject.toml) and the scripts under benchmarks/ and loadtests/ insert it themselves.
 """

@@ -116,13 +116,16 @@ class ServiceProcess:
         finally:
             conn.close()
 
-    def get_json(self, path: str) -> Any:
+    def get_text(self, path: str) -> str:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             conn.request("GET", path)
-            return json.loads(conn.getresponse().read())
+            return conn.getresponse().read().decode()
         finally:
             conn.close()
+
+    def get_json(self, path: str) -> Any:
+        return json.loads(self.get_text(path))
 
     def cpu_seconds(self) -> float:
         """CPU time the service's main process (or its whole tree) has used so far (NaN once it is gone)."""

@@ -233,7 +233,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
     app = Litestar(
         route_handlers=[*CONTROLLERS, assets_router()],
         lifespan=[lifespan],
-        plugins=tracing.plugins(),
         dependencies={
             "inference": Provide(provide_inference, sync_to_thread=False),
             "services": Provide(provide_services, sync_to_thread=False),

@@ -5,6 +5,10 @@ one check of a module global while traces are off: no tracer, no context copied,
 provider is the process's, as OpenTelemetry's global one is, but one that can be switched back off: a test
 process starts many apps, each with its own provider or none.
 
+A request's own span, the server span each door starts (``serve``), continues the caller's W3C
+``traceparent`` / ``tracestate`` through OpenTelemetry's configured propagator (``OTEL_PROPAGATORS``); inside
+a request that is not sampled, ``span`` makes nothing either.
+
 Work that another task or thread does for a request (a batch, a decoding loop) carries the request's
 context (``current_context``) and records its spans when it knows their times (``record``): a queue wait is
 known once the batch starts, a model run once it ends. Times are ``time.monotonic()`` readings, turned
@@ -19,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, Tracer, TracerProvider
+from opentelemetry.trace import Link, Span, SpanKind, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 Attributes = Mapping[str, AttributeValue]
@@ -50,12 +54,59 @@ def on() -> bool:
     return _tracer is not None
 
 
+class _Current:
+    """``span``'s context manager: the span current inside the block, ended (with its error) at its end.
+    The SDK's ``start_as_current_span`` does the same through two more layers of context managers."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+        self.span.end()
+        otel_context.detach(self.token)
+
+
 def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[Span | None]:
-    """A child of the current span, current inside the ``with`` block; ``None`` there while traces are off."""
+    """A child of the current span, current inside the ``with`` block; ``None`` there while traces are off
+    or the request is not sampled."""
     tracer = _tracer
     if tracer is None:
         return _OFF
-    return tracer.start_as_current_span(name, attributes=attributes)
+    parent = trace.get_current_span()
+    if not parent.is_recording():
+        return _OFF
+    return _Current(tracer.start_span(name, attributes=attributes))
+
+
+def serve(name: str, carrier: Mapping[str, str], attributes: Attributes) -> tuple[Span, object] | None:
+    """A request's server span, continuing the trace ``carrier`` (its headers or metadata, lowercase names)
+    carries, made current; ``served`` ends it. ``None`` while traces are off."""
+    tracer = _tracer
+    if tracer is None:
+        return None
+    request = tracer.start_span(name, propagate.extract(carrier), SpanKind.SERVER, attributes)
+    return request, otel_context.attach(trace.set_span_in_context(request))
+
+
+def served(serving: tuple[Span, object] | None, attributes: Attributes, failed: bool) -> None:
+    """The end of ``serve``'s span, with its last attributes; ``failed``: the server's fault (a 5xx)."""
+    if serving is None:
+        return
+    request, token = serving
+    request.set_attributes(attributes)
+    if failed:
+        request.set_status(StatusCode.ERROR)
+    request.end()
+    otel_context.detach(token)  # type: ignore[arg-type]
 
 
 def current_context() -> Context | None:

@@ -10,9 +10,9 @@ that is down or slow never holds up a request; what is dropped (a full queue, a 
 (``tserve_trace_spans_dropped_total``). Export is OTLP over gRPC, or over HTTP with protobuf bodies when
 ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (or ``OTEL_EXPORTER_OTLP_PROTOCOL``) is ``http/protobuf``.
 
-Off, nothing is installed: no middleware, no interceptor, no provider, and ``spans.py`` makes no spans.
+Off, nothing is installed: no interceptor, no provider, and ``spans.py`` makes no spans.
 
-Each HTTP request gets a server span from Litestar's ASGI instrumentation, continuing the caller's W3C
+Each HTTP request gets a server span from ``api/http/observe.py``, continuing the caller's W3C
 ``traceparent`` / ``tracestate``, named ``{method} {route}`` by the route's template (not its path) with
 the HTTP semantic conventions' attributes; each gRPC call one from grpcio's instrumentation, continuing the
 trace in the call's metadata. The spans inside a request come from ``spans.py``.
@@ -25,9 +25,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from litestar.enums import ScopeType
-from litestar.plugins.opentelemetry import OpenTelemetryConfig, OpenTelemetryPlugin
-from litestar.types import Scope
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -144,7 +141,7 @@ def batch_processor(exporter: SpanExporter, on_drop: OnDrop) -> BatchSpanProcess
 
 
 class Tracing:
-    """One app's tracer provider (or none, when traces are off) and the Litestar plugin that uses it."""
+    """One app's tracer provider (or none, when traces are off): what ``spans.py`` makes spans with."""
 
     def __init__(self, provider: TracerProvider | None) -> None:
         self.provider = provider
@@ -170,27 +167,8 @@ class Tracing:
 
         return [aio_server_interceptor(tracer_provider=self.provider)]
 
-    def plugins(self) -> list[OpenTelemetryPlugin]:
-        """Litestar's instrumentation (the request's server span), or nothing when traces are off."""
-        if self.provider is None:
-            return []
-        config = OpenTelemetryConfig(
-            tracer_provider=self.provider,
-            scope_span_details_extractor=_span_details,
-            exclude_spans=["receive", "send"],  # one span per ASGI message is noise, not a phase
-            scopes={ScopeType.HTTP},
-        )
-        return [OpenTelemetryPlugin(config)]
-
     def shutdown(self) -> None:
         """Export what is still queued (bounded by the exporter's timeout), then stop."""
         if self.provider is not None:
             spans.deactivate(self.provider)
             self.provider.shutdown()
-
-
-def _span_details(scope: Scope) -> tuple[str, dict[str, Any]]:
-    """The span's first name, ``{method}``: the route is not matched yet when it starts (the semantic
-    conventions' name without a route); ``api/http/observe.py`` renames it ``{method} {route}`` by the
-    route's template (never the client's path) once it is."""
-    return str(scope.get("method", "HTTP")).strip() or "HTTP", {}

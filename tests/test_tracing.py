@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
-from otlp import OtlpHttpReceiver, OtlpReceiver, ReceivedSpan
 from prometheus_client.openmetrics import parser as openmetrics
 from servers import LiveServer, metric
 
+from harness.otlp import OtlpHttpReceiver, OtlpReceiver, ReceivedSpan
 from harness.ports import free_port
 from harness.service_process import ServiceProcess
 from service import spans
@@ -182,14 +182,14 @@ def test_a_request_is_traced_door_admission_core_cache_tokenize_queue_and_the_ba
     assert core.parent_span_id == door.span_id
     assert core.attributes["inference.model.name"] == "bert-classifier"
     assert core.attributes["inference.model.version"] == version
-    for name in ("cache lookup", "tokenize", "queue", "compute"):
+    for name in ("cache lookup", "tokenize", "queue"):
         assert _one(computed, name).parent_span_id == core.span_id, name
     assert _one(computed, "cache lookup").attributes["cache.hit"] is False
     assert _one(cached, "cache lookup").attributes["cache.hit"] is True
-    assert not [s for s in cached if s.name in ("tokenize", "queue", "compute")]  # a hit computes nothing
+    assert not [s for s in cached if s.name in ("tokenize", "queue")]  # a hit computes nothing
 
-    compute = _one(computed, "compute")
-    ((batch_trace, batch_span),) = compute.links
+    queue = _one(computed, "queue")
+    ((batch_trace, batch_span),) = queue.links  # the batch it rode in
     (batch,) = [s for s in receiver.named("batch") if s.span_id == batch_span]
     assert batch.trace_id == batch_trace != door.trace_id  # its own trace: one run serves many requests
     assert (door.trace_id, core.span_id) in batch.links  # and it says whom it served
@@ -228,9 +228,9 @@ def test_eight_concurrent_requests_make_one_batch_span_linked_to_all_eight(
             ).status_code
 
         assert list(pool.map(classify, range(8))) == [200] * 8
-        traces = [receiver.wait_for(trace_id, "compute") for trace_id, _, _ in sent]
+        traces = [receiver.wait_for(trace_id, "queue") for trace_id, _, _ in sent]
     cores = {_one(t, "text-classification").trace_id: _one(t, "text-classification").span_id for t in traces}
-    batch_ids = {_one(t, "compute").links[0] for t in traces}
+    batch_ids = {_one(t, "queue").links[0] for t in traces}
     assert len(batch_ids) == 1, batch_ids  # every request's trace reaches the same batch span
     ((batch_trace, batch_span),) = batch_ids
     (batch,) = [s for s in receiver.named("batch") if s.span_id == batch_span and s.trace_id == batch_trace]
@@ -256,7 +256,7 @@ def test_the_grpc_door_continues_the_trace_in_the_call_metadata(
             assert result.get_response().outputs
         finally:
             client.close()
-        traced = receiver.wait_for(trace_id, "compute")
+        traced = receiver.wait_for(trace_id, "queue")
         door = _one(traced, "/inference.GRPCInferenceService/ModelInfer")
     assert door.span.kind == SERVER
     assert door.parent_span_id == parent_id
@@ -361,8 +361,8 @@ def test_spans_go_over_otlp_http_protobuf_when_the_protocol_says_so(
                 f"{server.url}/v1/classify", json={"text": "over http"}, headers=headers, timeout=30
             )
             assert r.status_code == 200, r.text
-            traced = receiver.wait_for(trace_id, "compute")
-    assert {"POST /v1/classify", "text-classification", "queue", "compute"} <= {s.name for s in traced}
+            traced = receiver.wait_for(trace_id, "queue")
+    assert {"POST /v1/classify", "text-classification", "queue"} <= {s.name for s in traced}
 
 
 def test_a_traced_requests_latency_carries_its_trace_id_as_an_openmetrics_exemplar(

@@ -8,7 +8,7 @@ the GIL, so the event loop keeps serving). Knows nothing of HTTP or of any model
 
 With traces on, each model run is one ``batch`` span, the root of its own trace, linked to the span of
 every request it served and carrying the model's attributes (``span_attributes``); each request's trace
-gets its ``queue`` wait and its share of the run (``compute``, linked to the batch span).
+gets its ``queue`` wait, linked to the batch span it ended in.
 """
 
 from __future__ import annotations
@@ -417,8 +417,8 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
                 entry.future.set_result(result)
 
     def _trace(self, entries: list[_Entry[In, Out]], started: float, ended: float, longest: int) -> None:
-        """The model run's span, linked to every traced request in it, and each request's queue wait and
-        share of the run in its own trace."""
+        """The model run's span, linked to every traced request in it, and each request's queue wait, linked
+        to the run, in its own trace."""
         traced = [e for e in entries if e.trace is not None]
         if not traced:
             return
@@ -440,10 +440,12 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         to_batch = [spans.link_to(batch)]
         for entry in traced:
             spans.record(
-                "queue", entry.trace, entry.enqueued_at, started, {"inference.priority": entry.priority}
-            )
-            spans.record(
-                "compute", entry.trace, started, ended, {"inference.batch.size": len(entries)}, to_batch
+                "queue",
+                entry.trace,
+                entry.enqueued_at,
+                started,
+                {"inference.priority": entry.priority},
+                to_batch,
             )
 
     def _call(self, entries: list[_Entry[In, Out]]) -> Sequence[Out | BaseException]:

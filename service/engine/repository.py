@@ -72,6 +72,11 @@ class LoadedModel:
         return self.manifest.version
 
     @property
+    def request_span_attributes(self) -> dict[str, str]:
+        """What a request's span says of the model that answers it (``service.spans``)."""
+        return {"inference.model.name": self.name, "inference.model.version": self.version}
+
+    @property
     def span_attributes(self) -> dict[str, str]:
         """What a trace's span of one of this model's runs says of it (``service.spans``)."""
         return {

@@ -462,7 +462,7 @@ class InferenceService:
         """The answer, from the cache or computed, charged to the caller's key unless cached: the core's
         span of the request (named for its task), whose children are the cache lookup, the tokenizing and
         the queue wait."""
-        with spans.span(pipeline.task, pipeline.model.span_attributes):
+        with spans.span(pipeline.task, pipeline.model.request_span_attributes):
             outcome = await self.cache.get_or_compute(
                 pipeline, request=request, result_type=result_type, control=cache, compute=compute
             )

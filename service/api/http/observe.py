@@ -12,8 +12,14 @@ The access log line (logger ``service.access``, INFO) holds the request id,
 method, route, status, model, body sizes and seconds: never request or
 response content.
 
-With traces on, a sampled request's latency is observed with an exemplar, its trace and span ids, which
-``/metrics`` shows to a scraper that asks for OpenMetrics: a dashboard goes from a slow bucket to a trace.
+With traces on (``tracing.py``), each request but probes and scrapes gets its server span here, named
+``{method} {route}`` by the route's template (never the client's path) with the HTTP semantic conventions'
+attributes, continuing the caller's ``traceparent``; it is current for everything below, the access log
+line included, and ends with the response's last byte. A sampled request's latency is observed with an
+exemplar, its trace and span ids, which ``/metrics`` shows to a scraper that asks for OpenMetrics: a
+dashboard goes from a slow bucket to a trace. (Litestar's OpenTelemetry plugin, OpenTelemetry's ASGI
+middleware, made the same span at more than twice the cost per request: a layer of its own that wraps
+every ASGI message; ``benchmarks/tracing.py``.)
 """
 
 from __future__ import annotations
@@ -24,9 +30,17 @@ from collections.abc import Callable
 from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
-from opentelemetry import trace
+from opentelemetry import propagate
+from opentelemetry.semconv.attributes import (
+    client_attributes,
+    http_attributes,
+    network_attributes,
+    url_attributes,
+    user_agent_attributes,
+)
 
 from service import spans
+from service.api.http.admission import ALWAYS_ANSWERED
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
 from service.metrics import Metrics
@@ -54,11 +68,11 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
             rid = assign_request_id(scope)
             route = scope.get("path_template") or "unmatched"
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
-            span = trace.get_current_span()  # the request's server span (tracing.py), once the route is known
-            if span.is_recording():
-                span.update_name(f"{method} {route}")
-                span.set_attribute("http.route", route)
-            exemplar = spans.exemplar()
+            serving = (
+                spans.serve(f"{method} {route}", _carrier(scope), _request_attributes(scope, method, route))
+                if spans.on() and not route.startswith(ALWAYS_ANSWERED)
+                else None
+            )
             context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
@@ -88,14 +102,44 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
                 elapsed = time.perf_counter() - started
                 requests, latency = children(route, method, context.model, status)
                 requests.inc()
-                latency.observe(elapsed, exemplar)
+                latency.observe(elapsed, spans.exemplar() if serving is not None else None)
                 if log_access:
                     access_log.info(
                         "%s %s %d in=%dB out=%dB %.3fs", method, route, status, sizes[0], sizes[1], elapsed
                     )
                 in_flight.dec()
                 unbind(token)
+                spans.served(serving, {http_attributes.HTTP_RESPONSE_STATUS_CODE: status}, status >= 500)
 
         return middleware
 
     return middleware_factory
+
+
+def _carrier(scope: Scope) -> dict[str, str]:
+    """The request's headers the trace propagator reads (``traceparent``, ``tracestate``, ``baggage``, or
+    what ``OTEL_PROPAGATORS`` names), as it reads them (names are lowercase in ASGI)."""
+    fields = propagate.get_global_textmap().fields
+    return {
+        key: value.decode("latin-1")
+        for name, value in scope["headers"]
+        if (key := name.decode("latin-1")) in fields
+    }
+
+
+def _request_attributes(scope: Scope, method: str, route: str) -> dict[str, str | int]:
+    """The HTTP server span's attributes known before the answer (the semantic conventions' stable names)."""
+    attributes: dict[str, str | int] = {
+        http_attributes.HTTP_REQUEST_METHOD: method,
+        http_attributes.HTTP_ROUTE: route,
+        url_attributes.URL_PATH: scope["path"],
+        url_attributes.URL_SCHEME: scope.get("scheme", "http"),
+        network_attributes.NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+    }
+    client = scope.get("client")
+    if client:
+        attributes[client_attributes.CLIENT_ADDRESS] = client[0]
+    for name, value in scope["headers"]:
+        if name == b"user-agent":
+            attributes[user_agent_attributes.USER_AGENT_ORIGINAL] = value.decode("latin-1")
+    return attributes
