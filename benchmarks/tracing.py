@@ -141,7 +141,7 @@ def run(opts: Options) -> Result:
         )
     metrics["traced_over_untraced_32"] = ratio(points["sampled 100%"].rps, off.rps)
     metrics["sampled_1pct_over_untraced_32"] = ratio(points["sampled 1%"].rps, off.rps)
-    
+
     metrics["collector_export_calls"] = sink.calls
     metrics["collector_bytes"] = sink.bytes
     errors = sum(p.errors for p in points.values())

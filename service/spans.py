@@ -1,18 +1,29 @@
-"""The spans made inside a request, on the tracer provider ``tracing.py`` turned on; nothing while traces are off.
+"""The spans of a request, on the tracer provider ``tracing.py`` turned on; nothing while traces are off.
 
 Every layer (the doors, the core, the cache, the pipelines, the engine) makes its spans here, so each pays
-one check of a module global while traces are off: no tracer, no context copied, no span object. The
-provider is the process's, as OpenTelemetry's global one is, but one that can be switched back off: a test
-process starts many apps, each with its own provider or none.
+one check of a module global while traces are off: no context copied, no span object. The provider is the
+process's, as OpenTelemetry's global one is, but one that can be switched back off: a test process starts
+many apps, each with its own provider or none.
 
-A request's own span, the server span each door starts (``serve``), continues the caller's W3C
-``traceparent`` / ``tracestate`` through OpenTelemetry's configured propagator (``OTEL_PROPAGATORS``); inside
-a request that is not sampled, ``span`` makes nothing either.
+A request's own span, the server span the HTTP door starts (``serve``), continues the caller's W3C
+``traceparent`` / ``tracestate`` through OpenTelemetry's configured propagator (``OTEL_PROPAGATORS``) and
+asks the provider's sampler (``OTEL_TRACES_SAMPLER``) whether to record the trace; every span under it
+follows that decision, as the parent-based samplers do and the ratio sampler does for a trace's spans
+(its decision is the trace id's), and inside a request that is not sampled nothing is made at all.
+
+The spans are made here rather than by the SDK's ``Tracer``: a span is timed (its context current while
+it runs, as a ``NonRecordingSpan`` carrying its ids, so logs, exemplars and children see it), and only
+when it ends is it written once, as the SDK's ``ReadableSpan``, and handed to the provider's span
+processor, which exports it. The SDK's span objects, with their locks, limits and checks on every
+attribute, cost about 45 us each to start and end, several times this; with half a dozen spans a request,
+that was the difference between traces costing a fifth of the service's throughput and not
+(``benchmarks/tracing.py``). The gRPC door's server span is grpcio's instrumentation's, an SDK span;
+the spans under it are made here like any other.
 
 Work that another task or thread does for a request (a batch, a decoding loop) carries the request's
 context (``current_context``) and records its spans when it knows their times (``record``): a queue wait is
-known once the batch starts, a model run once it ends. Times are ``time.monotonic()`` readings, turned
-into the wall-clock nanoseconds spans carry when recorded.
+known once the batch starts, a model run once it ends. Times are ``time.monotonic()`` readings, turned into
+the wall-clock nanoseconds spans carry when recorded.
 """
 
 from __future__ import annotations
@@ -21,168 +32,318 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from types import TracebackType
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, StatusCode, Tracer, TracerProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import AttributeValue
 
 Attributes = Mapping[str, AttributeValue]
-Event = tuple[str, float, Attributes]  # name, time.monotonic() when it happened, attributes
+EventAt = tuple[str, float, Attributes]  # name, time.monotonic() when it happened, attributes
 
-_tracer: Tracer | None = None
-_provider: TracerProvider | None = None
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SCOPE = InstrumentationScope("service")
 _OFF: AbstractContextManager[None] = contextlib.nullcontext()
 
 
-def activate(provider: TracerProvider) -> None:
-    """Spans from now on go to ``provider`` (an app with traces on, at its start)."""
-    global _tracer, _provider
-    _provider = provider
-    _tracer = provider.get_tracer("service")
+class _Recorder:
+    """What spans are written with: the provider's resource, sampler and id generator, and its span
+    processor (the batch processor ``tracing.py`` gave it)."""
+
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor) -> None:
+        self.provider = provider
+        self.processor = processor
+        self.resource: Resource = provider.resource
+        self.sampler: Sampler = provider.sampler
+        self.ids: IdGenerator = provider.id_generator
+
+
+_recorder: _Recorder | None = None
+
+
+def activate(provider: TracerProvider, processor: SpanProcessor) -> None:
+    """Spans from now on go to ``processor``, with ``provider``'s resource, sampler and ids (an app with
+    traces on, at its start; ``processor`` is one ``provider`` has, so the SDK's own spans go there too)."""
+    global _recorder
+    _recorder = _Recorder(provider, processor)
 
 
 def deactivate(provider: TracerProvider) -> None:
     """Back to no spans, unless another provider was activated since (an app with traces on, at its end)."""
-    global _tracer, _provider
-    if _provider is provider:
-        _provider = _tracer = None
+    global _recorder
+    if _recorder is not None and _recorder.provider is provider:
+        _recorder = None
 
 
 def on() -> bool:
-    return _tracer is not None
+    return _recorder is not None
 
 
-class _Current:
-    """``span``'s context manager: the span current inside the block, ended (with its error) at its end.
-    The SDK's ``start_as_current_span`` does the same through two more layers of context managers."""
+_offset_ns = 0  # the wall clock's reading minus the monotonic clock's, read again every few seconds
+_offset_read_at = -1e9
 
-    __slots__ = ("span", "token")
 
-    def __init__(self, span: Span) -> None:
-        self.span = span
+def wall_ns(monotonic_s: float) -> int:
+    """A ``time.monotonic()`` reading as the wall-clock nanoseconds a span carries. One offset between the
+    clocks serves every conversion for a few seconds, so readings keep their order (a span's end and its
+    parent's, taken at the same instant, stay equal) while the wall clock's adjustments are followed."""
+    global _offset_ns, _offset_read_at
+    now = time.monotonic()
+    if now - _offset_read_at > 10:
+        _offset_read_at = now
+        _offset_ns = time.time_ns() - int(now * 1e9)
+    return int(monotonic_s * 1e9) + _offset_ns
 
-    def __enter__(self) -> Span:
-        self.token = otel_context.attach(trace.set_span_in_context(self.span))
-        return self.span
 
-    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+class Timed:
+    """One span: its ids, what it says, and when it began; written (to the processor) when it ends.
+
+    Used as a context manager it is the current span inside the block and ends at its end, with the
+    error that left the block, if any."""
+
+    __slots__ = ("_token", "attributes", "context", "kind", "links", "name", "parent", "start_ns", "status")
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: Attributes | None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        links: Sequence[Link] = (),
+        start_ns: int | None = None,
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.kind = kind
+        self.attributes: dict[str, AttributeValue] = dict(attributes or {})
+        self.links = links
+        self.start_ns = time.time_ns() if start_ns is None else start_ns
+        self.status = Status(StatusCode.UNSET)
+        self._token: object = None
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        self.attributes[key] = value
+
+    def fail(self, error: BaseException | str) -> None:
+        """The span's work failed: status ERROR, with the error's type."""
+        if isinstance(error, BaseException):
+            self.attributes["error.type"] = type(error).__name__
+            error = f"{type(error).__name__}: {error}"
+        self.status = Status(StatusCode.ERROR, error)
+
+    def end(self, end_ns: int | None = None, events: Sequence[Event] = ()) -> None:
+        recorder = _recorder
+        if recorder is None:  # traces were turned off meanwhile (the app stopped)
+            return
+        recorder.processor.on_end(
+            ReadableSpan(
+                self.name,
+                self.context,
+                self.parent,
+                recorder.resource,
+                self.attributes,
+                events,
+                self.links,
+                self.kind,
+                status=self.status,
+                start_time=self.start_ns,
+                end_time=time.time_ns() if end_ns is None else end_ns,
+                instrumentation_scope=_SCOPE,
+            )
+        )
+
+    def __enter__(self) -> Timed:
+        self._token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(self.context)))
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if error is not None:
-            self.span.record_exception(error)
-            self.span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
-        self.span.end()
-        otel_context.detach(self.token)
+            self.fail(error)
+        self.end()
+        otel_context.detach(self._token)  # type: ignore[arg-type]
 
 
-def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[Span | None]:
+def _child_of(recorder: _Recorder, parent: SpanContext) -> SpanContext:
+    return SpanContext(parent.trace_id, recorder.ids.generate_span_id(), False, _SAMPLED, parent.trace_state)
+
+
+def _sampled(parent: Context | SpanContext | Timed | None) -> SpanContext | None:
+    """The parent's span context when it is a sampled span's (so its children are recorded), else None."""
+    if isinstance(parent, Timed):
+        return parent.context
+    context = parent if isinstance(parent, SpanContext) else trace.get_current_span(parent).get_span_context()
+    return context if context.is_valid and context.trace_flags.sampled else None
+
+
+def _root(
+    recorder: _Recorder, name: str, kind: SpanKind, parent: Context | None, attributes: Attributes
+) -> Timed | None:
+    """A span whose recording the sampler decides: a request's (continuing ``parent``, its caller's
+    context) or a batch's (a new trace). None when not sampled."""
+    caller = trace.get_current_span(parent).get_span_context() if parent is not None else INVALID_SPAN_CONTEXT
+    trace_id = caller.trace_id if caller.is_valid else recorder.ids.generate_trace_id()
+    decision = recorder.sampler.should_sample(parent, trace_id, name, kind, attributes)
+    if not decision.decision.is_sampled():
+        return None
+    context = SpanContext(trace_id, recorder.ids.generate_span_id(), False, _SAMPLED, decision.trace_state)
+    return Timed(
+        name, context, caller if caller.is_valid else None, {**attributes, **decision.attributes}, kind
+    )
+
+
+def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[Timed | None]:
     """A child of the current span, current inside the ``with`` block; ``None`` there while traces are off
     or the request is not sampled."""
-    tracer = _tracer
-    if tracer is None:
+    recorder = _recorder
+    if recorder is None:
         return _OFF
-    parent = trace.get_current_span()
-    if not parent.is_recording():
+    parent = _sampled(None)
+    if parent is None:
         return _OFF
-    return _Current(tracer.start_span(name, attributes=attributes))
+    return Timed(name, _child_of(recorder, parent), parent, attributes)
 
 
-def serve(name: str, carrier: Mapping[str, str], attributes: Attributes) -> tuple[Span, object] | None:
-    """A request's server span, continuing the trace ``carrier`` (its headers or metadata, lowercase names)
-    carries, made current; ``served`` ends it. ``None`` while traces are off."""
-    tracer = _tracer
-    if tracer is None:
+class Serving:
+    """``serve``'s span, current until ``served``; or, for a request the sampler passed over, only its
+    unsampled context (so nothing under it is made, and the decision travels on)."""
+
+    __slots__ = ("timed", "token")
+
+    def __init__(self, timed: Timed | None, context: Context) -> None:
+        self.timed = timed
+        self.token = otel_context.attach(context)
+
+
+def serve(name: str, carrier: Mapping[str, str], attributes: Attributes) -> Serving | None:
+    """A request's server span, continuing the trace ``carrier`` (its headers, lowercase names) carries,
+    made current; ``served`` ends it. ``None`` while traces are off."""
+    recorder = _recorder
+    if recorder is None:
         return None
-    request = tracer.start_span(name, propagate.extract(carrier), SpanKind.SERVER, attributes)
-    return request, otel_context.attach(trace.set_span_in_context(request))
+    caller = propagate.extract(carrier)
+    timed = _root(recorder, name, SpanKind.SERVER, caller, attributes)
+    if timed is None:
+        passed = trace.get_current_span(caller).get_span_context()
+        unsampled = SpanContext(
+            passed.trace_id if passed.is_valid else recorder.ids.generate_trace_id(),
+            recorder.ids.generate_span_id(),
+            False,
+            TraceFlags(TraceFlags.DEFAULT),
+            passed.trace_state,
+        )
+        return Serving(None, trace.set_span_in_context(NonRecordingSpan(unsampled), caller))
+    return Serving(timed, trace.set_span_in_context(NonRecordingSpan(timed.context), caller))
 
 
-def served(serving: tuple[Span, object] | None, attributes: Attributes, failed: bool) -> None:
+def served(serving: Serving | None, attributes: Attributes, failed: bool) -> None:
     """The end of ``serve``'s span, with its last attributes; ``failed``: the server's fault (a 5xx)."""
     if serving is None:
         return
-    request, token = serving
-    request.set_attributes(attributes)
-    if failed:
-        request.set_status(StatusCode.ERROR)
-    request.end()
-    otel_context.detach(token)  # type: ignore[arg-type]
+    if serving.timed is not None:
+        serving.timed.attributes.update(attributes)
+        if failed:
+            serving.timed.status = Status(StatusCode.ERROR)
+        serving.timed.end()
+    otel_context.detach(serving.token)  # type: ignore[arg-type]
 
 
 def current_context() -> Context | None:
     """The current context, for work done elsewhere on the request's behalf; ``None`` while traces are off
     or when the request is not sampled (nothing of it is recorded, so nothing needs carrying)."""
-    if _tracer is None:
+    if _recorder is None:
         return None
     ctx = otel_context.get_current()
-    return ctx if trace.get_current_span(ctx).is_recording() else None
+    return ctx if _sampled(ctx) is not None else None
 
 
-def link_to(ctx: Context | Span) -> Link:
-    """A link to the span of ``ctx`` (or to ``ctx`` itself, a span)."""
-    target = ctx if isinstance(ctx, Span) else trace.get_current_span(ctx)
-    return Link(target.get_span_context())
-
-
-def wall_ns(monotonic_s: float, now_ns: int | None = None) -> int:
-    """A ``time.monotonic()`` reading as the wall-clock nanoseconds a span carries."""
-    now_ns = time.time_ns() if now_ns is None else now_ns
-    return now_ns - int((time.monotonic() - monotonic_s) * 1e9)
+def link_to(target: Context | Timed) -> Link:
+    """A link to ``target``'s span (a context's current span, or a span made here)."""
+    if isinstance(target, Timed):
+        return Link(target.context)
+    return Link(trace.get_current_span(target).get_span_context())
 
 
 def start(
     name: str,
-    parent: Context | Span | None,
+    parent: Context | Timed | None,
     at: float,
     attributes: Attributes | None = None,
     links: Sequence[Link] = (),
-) -> Span | None:
-    """A span begun at ``at`` (monotonic): a child of ``parent`` (a context or a span), or a new trace's root
-    when ``parent`` is None. The caller ends it (``end``). ``None`` while traces are off."""
-    tracer = _tracer
-    if tracer is None:
+) -> Timed | None:
+    """A span begun at ``at`` (monotonic): a child of ``parent`` (a context or a span made here), or, when
+    ``parent`` is None, a new trace's root, as the sampler decides. The caller ends it (``end``). ``None``
+    while traces are off, or when it is not recorded."""
+    recorder = _recorder
+    if recorder is None:
         return None
-    if isinstance(parent, Span):
-        parent = trace.set_span_in_context(parent, Context())
-    elif parent is None:
-        parent = Context()  # empty: a root, not a child of whatever is current
-    return tracer.start_span(name, parent, attributes=attributes, links=links, start_time=wall_ns(at))
+    if parent is None:
+        timed = _root(recorder, name, SpanKind.INTERNAL, None, attributes or {})
+        if timed is not None:
+            timed.links, timed.start_ns = links, wall_ns(at)
+        return timed
+    context = _sampled(parent)
+    if context is None:
+        return None
+    return Timed(name, _child_of(recorder, context), context, attributes, links=links, start_ns=wall_ns(at))
 
 
 def end(
-    span: Span | None, at: float, events: Iterable[Event] = (), attributes: Attributes | None = None
+    timed: Timed | None,
+    at: float,
+    events: Iterable[EventAt] = (),
+    attributes: Attributes | None = None,
+    error: BaseException | None = None,
 ) -> None:
-    """End ``span`` at ``at`` (monotonic), with its events and last attributes."""
-    if span is None:
+    """End ``timed`` at ``at`` (monotonic), with its events, last attributes and error, if any."""
+    if timed is None:
         return
-    now_ns = time.time_ns()
-    for event_name, when, event_attributes in events:
-        span.add_event(event_name, event_attributes, timestamp=wall_ns(when, now_ns))
     if attributes:
-        span.set_attributes(attributes)
-    span.end(end_time=wall_ns(at, now_ns))
+        timed.attributes.update(attributes)
+    if error is not None:
+        timed.fail(error)
+    timed.end(wall_ns(at), [Event(name, dict(a), wall_ns(when)) for name, when, a in events])
 
 
 def record(
     name: str,
-    parent: Context | Span | None,
+    parent: Context | Timed | None,
     began: float,
     ended: float,
     attributes: Attributes | None = None,
     links: Sequence[Link] = (),
-    events: Iterable[Event] = (),
-) -> Span | None:
+    events: Iterable[EventAt] = (),
+) -> Timed | None:
     """A span that is already over: from ``began`` to ``ended`` (monotonic readings)."""
-    recorded = start(name, parent, began, attributes, links)
-    end(recorded, ended, events)
-    return recorded
+    timed = start(name, parent, began, attributes, links)
+    end(timed, ended, events)
+    return timed
 
 
 def exemplar() -> dict[str, str] | None:
-    """The current span's trace and span ids as a histogram exemplar's labels, when it records."""
-    if _tracer is None:
+    """The current span's trace and span ids as a histogram exemplar's labels, when it is sampled."""
+    if _recorder is None:
         return None
-    ids = trace.get_current_span().get_span_context()
-    if not ids.trace_flags.sampled:
+    ids = _sampled(None)
+    if ids is None:
         return None
     return {"trace_id": format(ids.trace_id, "032x"), "span_id": format(ids.span_id, "016x")}

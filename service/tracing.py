@@ -143,10 +143,10 @@ def batch_processor(exporter: SpanExporter, on_drop: OnDrop) -> BatchSpanProcess
 class Tracing:
     """One app's tracer provider (or none, when traces are off): what ``spans.py`` makes spans with."""
 
-    def __init__(self, provider: TracerProvider | None) -> None:
+    def __init__(self, provider: TracerProvider | None, processor: BatchSpanProcessor | None = None) -> None:
         self.provider = provider
-        if provider is not None:
-            spans.activate(provider)
+        if provider is not None and processor is not None:
+            spans.activate(provider, processor)
 
     @classmethod
     def from_environment(cls, on_drop: OnDrop = lambda reason, count: None) -> Tracing:
@@ -155,9 +155,10 @@ class Tracing:
             return cls(None)
         protocol = protocol_from_environment()
         provider = TracerProvider(resource=resource_from_environment())  # sampler: OTEL_TRACES_SAMPLER
-        provider.add_span_processor(batch_processor(otlp_exporter(protocol), on_drop))
+        processor = batch_processor(otlp_exporter(protocol), on_drop)
+        provider.add_span_processor(processor)
         log.info("traces: exported over OTLP (%s; OTEL_* settings)", protocol)
-        return cls(provider)
+        return cls(provider, processor)
 
     def grpc_interceptors(self) -> list[Any]:
         """grpcio's instrumentation for the gRPC door's server (its span per call), or nothing when off."""

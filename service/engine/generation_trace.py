@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, StatusCode
+from opentelemetry.trace import Link
 
 from service import spans
 
@@ -69,9 +69,6 @@ class SequenceTrace:
         sequence = spans.start(f"text_completion {name}", self.context, self.submitted_at, attributes)
         if sequence is None:
             return
-        if error is not None:
-            sequence.set_status(StatusCode.ERROR, str(error))
-            sequence.set_attribute("error.type", type(error).__name__)
         spans.record("queue", sequence, self.submitted_at, self.admitted_at or now)
         if self.prefill_started:
             spans.record(
@@ -100,4 +97,4 @@ class SequenceTrace:
                 },
                 events=events,
             )
-        spans.end(sequence, now)
+        spans.end(sequence, now, error=error)
