@@ -66,7 +66,8 @@ def ordered(spans: list[ReceivedSpan]) -> list[tuple[int, ReceivedSpan]]:
 def draw(trace: list[ReceivedSpan], batch: ReceivedSpan, served: int, out: Path) -> None:
     rows = ordered(trace)
     origin = min(s.span.start_time_unix_nano for s in [*trace, batch])
-    fig, ax = plt.subplots(figsize=(10, 0.45 * (len(rows) + 3) + 1))
+    end = (max(s.span.end_time_unix_nano for s in [*trace, batch]) - origin) / 1e6
+    fig, ax = plt.subplots(figsize=(11, 0.45 * (len(rows) + 4) + 1))
     labels = []
     for y, (depth, s) in enumerate(rows):
         start = (s.span.start_time_unix_nano - origin) / 1e6
@@ -77,18 +78,21 @@ def draw(trace: list[ReceivedSpan], batch: ReceivedSpan, served: int, out: Path)
     start = (batch.span.start_time_unix_nano - origin) / 1e6
     ax.barh(y, batch.seconds * 1e3, left=start, color="C3", hatch="//")
     a = batch.attributes
+    ax.text(start + batch.seconds * 1e3, y, f" {batch.seconds * 1e3:.2f} ms", va="center", fontsize=8)
     ax.text(
-        start + batch.seconds * 1e3,
-        y,
-        f" {batch.seconds * 1e3:.2f} ms: {a['inference.model.name']} ({a['inference.model.variant']}, "
-        f"{a['inference.device']}), {a['inference.batch.size']} rows x {a['inference.batch.padded_length']} "
-        f"tokens, links to {served} requests",
+        start,
+        y + 0.65,
+        f"{a['inference.model.name']} {a['inference.model.version'][:8]} ({a['inference.model.variant']}, "
+        f"{a['inference.device']}): {a['inference.batch.size']} rows x {a['inference.batch.padded_length']} "
+        f"tokens; links to the {served} requests it served",
         va="center",
+        ha="right" if start > 0.5 * end else "left",
         fontsize=8,
     )
     labels += ["", "batch (its own trace, linked from queue)"]
     ax.set_yticks(range(len(labels)), labels, fontsize=9)
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) + 0.3, -0.7)
+    ax.set_xlim(0, end * 1.15)
     ax.set_xlabel("milliseconds since the request's first span")
     ax.set_title(
         f"One of {REQUESTS} concurrent POST /v1/classify requests: its trace, and the batch it rode in"
