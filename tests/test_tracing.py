@@ -1,4 +1,4 @@
-"""Traces (service/tracing.py, service/spans.py) exported to real OTLP receivers on loopback (tests/otlp.py):
+"""Traces (service/tracing.py, service/spans.py) exported to real OTLP receivers on loopback (harness/otlp.py):
 the caller's W3C trace is continued on both doors, through the core to the queue and the batch that served
 it; a batch's span links every request it served; a stream's spans end with it; the sampler is obeyed; and
 a receiver that is down fails nothing and is counted."""
