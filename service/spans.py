@@ -29,8 +29,9 @@ the wall-clock nanoseconds spans carry when recorded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 
@@ -53,6 +54,8 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 from opentelemetry.util.types import AttributeValue
+
+log = logging.getLogger(__name__)
 
 Attributes = Mapping[str, AttributeValue]
 EventAt = tuple[str, float, Attributes]  # name, time.monotonic() when it happened, attributes
@@ -337,6 +340,16 @@ def record(
     timed = start(name, parent, began, attributes, links)
     end(timed, ended, events)
     return timed
+
+
+@contextlib.contextmanager
+def guard(what: str) -> Iterator[None]:
+    """Around recording spans from the engine: a failure to trace is logged, never the request's failure
+    (nor a batch left undelivered)."""
+    try:
+        yield
+    except Exception:
+        log.exception("traces: recording the %s's spans failed; the work itself went on", what)
 
 
 def exemplar() -> dict[str, str] | None:

@@ -406,8 +406,6 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         self._observer.on_batch(
             len(entries), padded, [started - e.enqueued_at for e in entries], compute_seconds
         )
-        if spans.on():
-            self._trace(entries, started, ended, longest)
         for entry, result in zip(entries, results, strict=True):
             if entry.future.done():  # caller left during the computation
                 continue
@@ -415,6 +413,9 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
                 entry.future.set_exception(result)
             else:
                 entry.future.set_result(result)
+        if spans.on():
+            with spans.guard("batch"):
+                self._trace(entries, started, ended, longest)
 
     def _trace(self, entries: list[_Entry[In, Out]], started: float, ended: float, longest: int) -> None:
         """The model run's span, linked to every traced request in it, and each request's queue wait, linked

@@ -271,11 +271,9 @@ class GenerationEngine(ModelWorker):
             joining: list[tuple[list[SequenceState], KVCache]] = []
             while groups:
                 group = groups.pop(0)
+                started = time.monotonic()
                 try:
-                    started = time.monotonic()
                     events, cache = await self._compute(partial(self._batch.prefill, group), len(group))
-                    if spans.on():
-                        self._trace_prefill(group, started, cache.width)
                 except Exception as exc:
                     log.error(
                         "generation %s: prefill of %d sequence(s) failed", self.name, len(group), exc_info=exc
@@ -285,6 +283,9 @@ class GenerationEngine(ModelWorker):
                         continue
                     group[0].stream._fail(InferenceError(self.name, exc))
                     continue
+                if spans.on():
+                    with spans.guard("prefill"):
+                        self._trace_prefill(group, started, cache.width)
                 self._publish(list(zip(group, events, strict=True)))
                 joining.append((group, cache))
             return joining
@@ -323,7 +324,8 @@ class GenerationEngine(ModelWorker):
         result, error = stream._result, stream._error
         reason = result.finish_reason if result is not None else "error" if error is not None else "cancelled"
         tokens = result.completion_tokens if result is not None else len(seq.generated)
-        seq.trace.record(self._span_attributes, output_tokens=tokens, finish_reason=reason, error=error)
+        with spans.guard("sequence"):
+            seq.trace.record(self._span_attributes, output_tokens=tokens, finish_reason=reason, error=error)
 
     async def _decode(self, joining: list[tuple[list[SequenceState], KVCache]]) -> None:
         joined = [s for seqs, _ in joining for s in seqs]
