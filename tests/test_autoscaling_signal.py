@@ -1,0 +1,233 @@
+"""The autoscaler's signal, evaluated by a real Prometheus: the KEDA ScaledObject's own queries rise above their
+thresholds under load, so KEDA would scale out, and fall below them once the load stops, so it would scale in.
+
+Debian's ``prometheus`` server scrapes two ``python -m service`` replicas on loopback with the scrape settings
+deploy/prometheus/prometheus.yml ships for the api (its job's path and interval; static targets in place of
+compose's DNS discovery, labelled ``namespace`` and ``pod`` as Kubernetes' pod discovery labels them, which is
+what the queries select on). The queries, thresholds, replica bounds and polling interval are read from
+deploy/k8s/scaledobject.yaml, never copied here; each is evaluated through Prometheus's HTTP API
+(``/api/v1/query``), as KEDA's Prometheus scaler does. The load is bounded: 96 closed-loop clients for a
+fixed time, classify requests of 16 texts each against replicas that batch 2 items at a time, so work
+waits. The figures (printed with ``-s``) are in docs/DEPLOYMENT.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from harness.ports import free_port
+from harness.service_process import ServiceProcess
+
+REPO = Path(__file__).resolve().parents[1]
+SCALED_OBJECT = REPO / "deploy" / "k8s" / "scaledobject.yaml"
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
+CLIENTS = 96  # in flight at once: 4x the in-flight threshold of 24 per replica, 2x the 2 replicas
+TEXTS_PER_REQUEST = 16
+LOAD_S = 30.0
+
+pytestmark = pytest.mark.slow
+
+
+def _triggers() -> list[dict[str, Any]]:
+    spec = yaml.safe_load(SCALED_OBJECT.read_text())["spec"]
+    return [t for t in spec["triggers"] if t["type"] == "prometheus"]
+
+
+def _spec() -> dict[str, Any]:
+    return dict(yaml.safe_load(SCALED_OBJECT.read_text())["spec"])
+
+
+def _shipped_job() -> dict[str, Any]:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "transformer-serving"]
+    return dict(job)
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for unit in sorted(units, key=len, reverse=True):
+        if duration.endswith(unit):
+            return float(duration[: -len(unit)]) * units[unit]
+    raise ValueError(duration)
+
+
+class Prometheus:
+    """Debian's prometheus server in the foreground, on a free loopback port, scraping ``targets``."""
+
+    def __init__(self, targets: list[int], tmp_path: Path) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail(
+                "prometheus is not installed: run `make test` (scripts/setup.sh --test-tools installs it)"
+            )
+        job = _shipped_job()
+        config = {
+            "global": {
+                "scrape_interval": job["scrape_interval"],
+                "evaluation_interval": job["scrape_interval"],
+            },
+            "scrape_configs": [
+                {
+                    "job_name": job["job_name"],
+                    "metrics_path": job["metrics_path"],
+                    "scrape_interval": job["scrape_interval"],
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{port}"],
+                            # What Kubernetes' pod discovery (relabelled as usual) gives each pod.
+                            "labels": {"namespace": "default", "pod": f"transformer-serving-7d9f8-{i}"},
+                        }
+                        for i, port in enumerate(targets)
+                    ],
+                }
+            ],
+        }
+        path = tmp_path / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={path}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.scrape_s = _seconds(job["scrape_interval"])
+
+    def wait_ready(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "prometheus exited: see prometheus.log"
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail("prometheus was not ready in time")
+
+    def targets_up(self) -> int:
+        active = httpx.get(f"{self.url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+        return sum(t["health"] == "up" for t in active)
+
+    def query(self, promql: str) -> float:
+        """The query's value now, as KEDA's Prometheus scaler reads it (an empty result is 0)."""
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5).json()
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def replicas(tiny_models: Path, tmp_path: Path) -> Iterator[list[ServiceProcess]]:
+    env = {
+        "MODEL_REPOSITORY": str(tiny_models),
+        "SERVED_MODELS": "bert-classifier",
+        "CACHE_ENABLED": "false",
+        "MAX_BATCH_SIZE": "2",  # work waits in the queue under this load: the first trigger's signal
+        "MAX_ITEMS": str(TEXTS_PER_REQUEST),
+        "MAX_QUEUE_SIZE": "4096",
+        "INTRA_OP_THREADS": "1",
+        "ACCESS_LOG": "false",
+        "API_KEYS": None,
+    }
+    with (
+        ServiceProcess(env, log_path=tmp_path / "replica-0.log", stop_grace_s=0) as first,
+        ServiceProcess(env, log_path=tmp_path / "replica-1.log", stop_grace_s=0) as second,
+    ):
+        yield [first, second]
+
+
+async def _load(urls: list[str], seconds: float) -> dict[int, int]:
+    """``CLIENTS`` closed-loop clients, half on each replica, for ``seconds``: statuses counted."""
+    statuses: dict[int, int] = {}
+    body = {"texts": [f"an utterly ordinary sentence, number {i}" for i in range(TEXTS_PER_REQUEST)]}
+    stop_at = time.monotonic() + seconds
+
+    async def client(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while time.monotonic() < stop_at:
+                r = await http.post("/v1/classify", json=body, headers={"Cache-Control": "no-store"})
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
+    await asyncio.gather(*(client(urls[i % len(urls)]) for i in range(CLIENTS)))
+    return statuses
+
+
+def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fall_after(
+    replicas: list[ServiceProcess], tmp_path: Path
+) -> None:
+    spec, triggers = _spec(), _triggers()
+    assert {t["name"] for t in triggers} == {"queue-depth", "requests-in-flight"}
+    replicas_now = int(spec["minReplicaCount"])  # what KEDA runs before the load
+    prometheus = Prometheus([r.port for r in replicas], tmp_path)
+    try:
+        prometheus.wait_ready()
+        deadline = time.monotonic() + 4 * prometheus.scrape_s
+        while prometheus.targets_up() < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert prometheus.targets_up() == 2
+
+        peaks = {t["name"]: 0.0 for t in triggers}
+        with ThreadPoolExecutor(1) as pool:
+            load = pool.submit(asyncio.run, _load([r.url for r in replicas], LOAD_S))
+            while not load.done():
+                for t in triggers:
+                    peaks[t["name"]] = max(peaks[t["name"]], prometheus.query(t["metadata"]["query"]))
+                time.sleep(1.0)
+            statuses = load.result()
+        assert statuses.get(200, 0) > 0 and set(statuses) == {200}, statuses
+        ended = time.monotonic()
+
+        # Scale-in: each query below its threshold (ceil(value / threshold) <= 1 <= minReplicaCount) within
+        # one polling interval and one scrape after the load stopped.
+        fall_within = float(spec["pollingInterval"]) + prometheus.scrape_s
+        after = {t["name"]: math.inf for t in triggers}
+        fell_at: dict[str, float] = {}
+        while time.monotonic() - ended < fall_within + 5 and len(fell_at) < len(triggers):
+            for t in triggers:
+                value = prometheus.query(t["metadata"]["query"])
+                after[t["name"]] = value
+                if value < float(t["metadata"]["threshold"]) and t["name"] not in fell_at:
+                    fell_at[t["name"]] = time.monotonic() - ended
+            time.sleep(0.5)
+    finally:
+        prometheus.stop()
+
+    for t in triggers:
+        name, threshold = t["name"], float(t["metadata"]["threshold"])
+        wanted_under_load = math.ceil(peaks[name] / threshold)  # AverageValue: KEDA's desired replicas
+        print(
+            f"{name}: {t['metadata']['query']} peaked at {peaks[name]:g} under load (threshold {threshold:g} "
+            f"per replica: {wanted_under_load} replicas wanted against {replicas_now}), fell to "
+            f"{after[name]:g} {fell_at.get(name, math.nan):.1f} s after the load stopped"
+        )
+        assert wanted_under_load > replicas_now, f"{name} would not scale out: peaked at {peaks[name]}"
+        assert name in fell_at, f"{name} stayed at {after[name]} after the load"
+        assert fell_at[name] <= fall_within, f"{name} fell only after {fell_at[name]:.1f} s"
