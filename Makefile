@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test-fast test-tools image models serve test lint format eval clean-models loadtest bench bench-peers soak lock audit
+.PHONY: setup test-fast test-tools image models serve test lint format eval clean-models clean-podman loadtest bench bench-peers soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -47,6 +47,11 @@ format: setup
 
 eval: setup
 	$(PY) -m model_export evaluate --models $(MODELS) --split validation --json $(MODELS)/evaluation.json
+
+# The private podman state the image tests and `make image` fill (.cache/podman, several GB): containers,
+# images, layers and build cache, all of it; the machine's own podman storage is not touched.
+clean-podman:
+	scripts/podman_build.sh prune
 
 clean-models:
 	rm -rf $(MODELS)

@@ -5,6 +5,7 @@
 #   scripts/podman_build.sh service            # --target service: the runtime without models
 #   scripts/podman_build.sh runtime [PROFILE]  # the runtime with models (PROFILE tiny by default here)
 #   scripts/podman_build.sh env                # print the environment that points podman at this state
+#   scripts/podman_build.sh prune              # remove the whole state: containers, images, layers, cache
 #
 # Everything lives in a private state folder (PODMAN_STATE, default .cache/podman): its own
 # containers.conf and storage.conf through CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, never the
@@ -48,6 +49,17 @@ export BUILDAH_FORMAT=docker
 
 if [ "${1:-}" = "env" ]; then
   echo "export CONTAINERS_CONF=$CONTAINERS_CONF CONTAINERS_STORAGE_CONF=$CONTAINERS_STORAGE_CONF"
+  exit 0
+fi
+if [ "${1:-}" = "prune" ]; then
+  # podman first, so that it unmounts its overlay layers and removes its containers and networks; then
+  # whatever is left of the folder. The machine's own podman storage is never touched.
+  before=$(du -sh "$STATE" 2>/dev/null | cut -f1)
+  if command -v podman >/dev/null && [ -d "$STATE/storage" ]; then
+    podman system reset --force >/dev/null 2>&1 || echo "podman_build: podman system reset failed; removing the folder" >&2
+  fi
+  rm -rf "$STATE"
+  echo "podman_build: removed $STATE ($before)" >&2
   exit 0
 fi
 for tool in podman buildah runc mmdebstrap; do

@@ -77,7 +77,9 @@ def _build(*args: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def runtime_image() -> str:
+def runtime_image() -> Iterator[str]:
+    """The images built (the bases and tagged images stay, the next run's cache; `make clean-podman`
+    removes everything); at the end, the dangling layers the builds left are pruned."""
     service_s = _build("service")
     print(f"\n--target service built in {service_s:.0f} s (bases included when they were missing)")
     image = _podman("image", "inspect", f"{TAG}:service", "--format", "{{json .Config}}")
@@ -95,7 +97,8 @@ def runtime_image() -> str:
 
     tiny_s = _build("runtime", "tiny")
     print(f"tiny runtime (models trained in the build) built in {tiny_s:.0f} s")
-    return f"{TAG}:tiny"
+    yield f"{TAG}:tiny"
+    _podman("image", "prune", "--force", check=False, timeout=600)  # untagged layers of replaced builds
 
 
 @pytest.fixture
