@@ -6,6 +6,7 @@
 #   scripts/podman_build.sh runtime [PROFILE]  # the runtime with models (PROFILE tiny by default here)
 #   scripts/podman_build.sh env                # print the environment that points podman at this state
 #   scripts/podman_build.sh prune              # remove the whole state: containers, images, layers, cache
+#   scripts/podman_build.sh standins           # redis, prometheus and haproxy stand-ins from Debian packages
 #
 # Everything lives in a private state folder (PODMAN_STATE, default .cache/podman): its own
 # containers.conf and storage.conf through CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, never the
@@ -127,8 +128,19 @@ case "${1:-}" in
     build runtime "$TAG:$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
       --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
     ;;
+  standins)
+    # The third-party images docker-compose.yml names, tagged with its names: Debian's packages on the
+    # local base (deploy/podman/standins.Containerfile), never the images themselves (no registry here).
+    for pair in redis=docker.io/library/redis:7-alpine prometheus=docker.io/prom/prometheus:v3.5.0 \
+                haproxy=docker.io/library/haproxy:2.6; do
+      target=${pair%%=*} tag=${pair#*=}
+      say "building the stand-in $tag: Debian 12's $target package, not the image of that name"
+      podman build --quiet --network host --format docker --layers --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" \
+        --target "$target" -t "$tag" -f deploy/podman/standins.Containerfile deploy/podman >/dev/null
+    done
+    ;;
   *)
-    sed -n '2,8p' "$0" >&2
+    sed -n '2,9p' "$0" >&2
     exit 2
     ;;
 esac

@@ -24,11 +24,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc
+import yaml
 from PIL import Image
 
 from harness.ports import free_port
@@ -210,3 +212,84 @@ def test_the_runtime_image_serves_every_door_and_drains(container: tuple[str, st
     logs = _podman("logs", name).stderr + _podman("logs", name).stdout
     assert exit_code == "0", f"exit {exit_code}:\n{logs[-3000:]}"
     assert "draining: readiness is 503" in logs
+
+
+def test_the_stand_ins_for_the_compose_files_images_behave_as_the_file_uses_them() -> None:
+    """redis, prometheus and haproxy as docker-compose.yml runs them (its commands, mounts and health
+    checks), from the stand-ins `podman_build.sh standins` makes of Debian's packages under the file's
+    image names: Redis answers a client from outside its container (protected mode off, as the official
+    image has it), Prometheus is ready with the file's flags and the project's scrape config, HAProxy
+    accepts the project's configuration for the compose network."""
+    _build("standins")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    redis, prometheus, lb = compose["redis"], compose["prometheus"], compose["lb"]
+    name = f"ts-standin-{uuid.uuid4().hex[:8]}"
+
+    port = free_port()
+    _podman(
+        "run",
+        "-d",
+        "--name",
+        f"{name}-redis",
+        "-p",
+        f"127.0.0.1:{port}:6379",
+        redis["image"],
+        *redis["command"],
+    )
+    try:
+        _wait_for(
+            lambda: (
+                _podman("exec", f"{name}-redis", *redis["healthcheck"]["test"][1:], check=False).returncode
+                == 0
+            )
+        )
+        assert (
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            == "PONG"
+        )
+    finally:
+        _podman("rm", "--force", "--time", "0", f"{name}-redis", check=False)
+
+    config = REPO / "deploy" / "prometheus" / "prometheus.yml"
+    _podman(
+        "run",
+        "-d",
+        "--name",
+        f"{name}-prometheus",
+        "-v",
+        f"{config}:/etc/prometheus/prometheus.yml:ro",
+        prometheus["image"],
+        *prometheus["command"],
+    )
+    try:
+        check = prometheus["healthcheck"]["test"][1:]
+        _wait_for(lambda: _podman("exec", f"{name}-prometheus", *check, check=False).returncode == 0)
+    finally:
+        _podman("rm", "--force", "--time", "0", f"{name}-prometheus", check=False)
+
+    haproxy = REPO / "deploy" / "haproxy"
+    valid = _podman(
+        "run",
+        "--rm",
+        "-v",
+        f"{haproxy}:/usr/local/etc/haproxy:ro",
+        lb["image"],
+        lb["command"][0],
+        "-c",
+        *lb["command"][1:],  # haproxy -c -f ...: check the configuration only
+        check=False,
+    )
+    assert valid.returncode == 0 and "Configuration file is valid" in valid.stdout + valid.stderr, (
+        valid.stderr
+    )
+
+
+def _wait_for(ready: Any, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(1)
+    pytest.fail(f"not healthy within {timeout_s} s")
