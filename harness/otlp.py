@@ -62,36 +62,13 @@ def _value(v: Any) -> Any:
     return getattr(v, kind) if kind else None
 
 
-class _Service(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, receiver: OtlpReceiver) -> None:
-        self.receiver = receiver
-
-    def Export(self, request: Any, context: Any) -> Any:
-        self.receiver.keep(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-class OtlpReceiver:
-    """OTLP over gRPC (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` = ``endpoint``)."""
+class ReceivedSpans:
+    """What a receiver keeps: every span it was sent, with its resource, and how many exports brought them."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.spans: list[ReceivedSpan] = []
         self.exports = 0
-        self.server = grpc.server(ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(self), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> OtlpReceiver:
-        self.server.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.stop(grace=None)
 
     def keep(self, request: Any) -> None:
         """Every span of one ``ExportTraceServiceRequest``."""
@@ -121,14 +98,42 @@ class OtlpReceiver:
         raise AssertionError(f"no span {name!r} of trace {trace_id} within {timeout_s} s: {self.spans}")
 
 
-class OtlpHttpReceiver(OtlpReceiver):
+class _Service(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, receiver: ReceivedSpans) -> None:
+        self.receiver = receiver
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self.receiver.keep(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class OtlpReceiver(ReceivedSpans):
+    """OTLP over gRPC (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` = ``endpoint``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Service(self), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> OtlpReceiver:
+        self.server.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.stop(grace=None)
+
+
+class OtlpHttpReceiver(ReceivedSpans):
     """OTLP over HTTP with protobuf bodies: ``POST /v1/traces`` (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` =
     ``endpoint``, which names the path, as the specification has it for the per-signal variable)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.spans = []
-        self.exports = 0
+        super().__init__()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -352,6 +352,28 @@ def guard(what: str) -> Iterator[None]:
         log.exception("traces: recording the %s's spans failed; the work itself went on", what)
 
 
+def record_batch(
+    model: Attributes,
+    began: float,
+    ended: float,
+    size: int,
+    padded_length: int,
+    requests: Sequence[Context],
+    phase: str | None = None,
+) -> Timed | None:
+    """One model run (``batch``): a new trace's root, since it serves many requests, with the model's
+    attributes and the batch's shape, linked to the span of each request it served (``requests``)."""
+    attributes = {
+        **model,
+        "inference.batch.size": size,
+        "inference.batch.padded_length": padded_length,
+        "inference.batch.padded_tokens": padded_length * size,
+    }
+    if phase is not None:
+        attributes["inference.batch.phase"] = phase
+    return record("batch", None, began, ended, attributes, [link_to(request) for request in requests])
+
+
 def exemplar() -> dict[str, str] | None:
     """The current span's trace and span ids as a histogram exemplar's labels, when it is sampled."""
     if _recorder is None:

@@ -420,29 +420,19 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     def _trace(self, entries: list[_Entry[In, Out]], started: float, ended: float, longest: int) -> None:
         """The model run's span, linked to every traced request in it, and each request's queue wait, linked
         to the run, in its own trace."""
-        traced = [e for e in entries if e.trace is not None]
+        traced = [(e, e.trace) for e in entries if e.trace is not None]
         if not traced:
             return
-        batch = spans.record(
-            "batch",
-            None,
-            started,
-            ended,
-            {
-                **self._span_attributes,
-                "inference.batch.size": len(entries),
-                "inference.batch.padded_length": longest,
-                "inference.batch.padded_tokens": longest * len(entries),
-            },
-            [spans.link_to(e.trace) for e in traced if e.trace is not None],
+        batch = spans.record_batch(
+            self._span_attributes, started, ended, len(entries), longest, [trace for _, trace in traced]
         )
         if batch is None:
             return
         to_batch = [spans.link_to(batch)]
-        for entry in traced:
+        for entry, trace in traced:
             spans.record(
                 "queue",
-                entry.trace,
+                trace,
                 entry.enqueued_at,
                 started,
                 {"inference.priority": entry.priority},

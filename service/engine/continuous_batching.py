@@ -299,19 +299,14 @@ class GenerationEngine(ModelWorker):
         if not traced:
             return
         ended = time.monotonic()
-        batch = spans.record(
-            "batch",
-            None,
+        batch = spans.record_batch(
+            self._span_attributes,
             started,
             ended,
-            {
-                **self._span_attributes,
-                "inference.batch.phase": "prefill",
-                "inference.batch.size": len(group),
-                "inference.batch.padded_length": padded_length,
-                "inference.batch.padded_tokens": padded_length * len(group),
-            },
-            [spans.link_to(trace.context) for trace in traced],
+            len(group),
+            padded_length,
+            [trace.context for trace in traced],
+            phase="prefill",
         )
         for trace in traced:
             trace.prefill_started, trace.prefill_ended = started, ended
@@ -325,7 +320,13 @@ class GenerationEngine(ModelWorker):
         reason = result.finish_reason if result is not None else "error" if error is not None else "cancelled"
         tokens = result.completion_tokens if result is not None else len(seq.generated)
         with spans.guard("sequence"):
-            seq.trace.record(self._span_attributes, output_tokens=tokens, finish_reason=reason, error=error)
+            seq.trace.record(
+                self._span_attributes,
+                output_tokens=tokens,
+                finish_reason=reason,
+                first_token_at=seq.first_token_at,
+                error=error,
+            )
 
     async def _decode(self, joining: list[tuple[list[SequenceState], KVCache]]) -> None:
         joined = [s for seqs, _ in joining for s in seqs]
@@ -343,8 +344,6 @@ class GenerationEngine(ModelWorker):
                 continue
             if event.index == 0:
                 seq.first_token_at = now
-                if seq.trace is not None:
-                    seq.trace.first_token_at = now
                 self._hooks.on_first_token(now - seq.submitted_at)
             else:
                 self._hooks.on_token(now - seq.last_token_at)

@@ -33,7 +33,6 @@ class SequenceTrace:
     admitted_at: float = 0.0
     prefill_started: float = 0.0
     prefill_ended: float = 0.0
-    first_token_at: float = 0.0
     prefill_batch: list[Link] = field(default_factory=list)
 
     def record(
@@ -42,9 +41,10 @@ class SequenceTrace:
         *,
         output_tokens: int,
         finish_reason: str,
+        first_token_at: float = 0.0,
         error: BaseException | None = None,
     ) -> None:
-        """The sequence's spans, ending now."""
+        """The sequence's spans, ending now; ``first_token_at`` 0: it had none."""
         now = time.monotonic()
         name = model.get("inference.model.name", "")
         sampling = self.request.sampling
@@ -81,11 +81,9 @@ class SequenceTrace:
             )
         if self.prefill_ended:
             events = []
-            if self.first_token_at:
-                ttft = self.first_token_at - self.submitted_at
-                events.append(
-                    ("first_token", self.first_token_at, {"gen_ai.server.time_to_first_token": ttft})
-                )
+            if first_token_at:
+                ttft = first_token_at - self.submitted_at
+                events.append(("first_token", first_token_at, {"gen_ai.server.time_to_first_token": ttft}))
             spans.record(
                 "decode",
                 sequence,

@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,12 @@ class LoadedModel:
     def version(self) -> str:
         return self.manifest.version
 
-    @property
+    @cached_property
     def request_span_attributes(self) -> dict[str, str]:
         """What a request's span says of the model that answers it (``service.spans``)."""
         return {"inference.model.name": self.name, "inference.model.version": self.version}
 
-    @property
+    @cached_property
     def span_attributes(self) -> dict[str, str]:
         """What a trace's span of one of this model's runs says of it (``service.spans``)."""
         return {

@@ -61,6 +61,8 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
         return cache[key]
 
     def middleware_factory(app: ASGIApp) -> ASGIApp:
+        carried = propagate.get_global_textmap().fields  # the headers a trace travels in (OTEL_PROPAGATORS)
+
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
@@ -69,7 +71,9 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
             route = scope.get("path_template") or "unmatched"
             method = scope["method"]  # type: ignore[typeddict-item]  # http scopes have one
             serving = (
-                spans.serve(f"{method} {route}", _carrier(scope), _request_attributes(scope, method, route))
+                spans.serve(
+                    f"{method} {route}", _carrier(scope, carried), _request_attributes(scope, method, route)
+                )
                 if spans.on() and not route.startswith(ALWAYS_ANSWERED)
                 else None
             )
@@ -116,10 +120,9 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
     return middleware_factory
 
 
-def _carrier(scope: Scope) -> dict[str, str]:
-    """The request's headers the trace propagator reads (``traceparent``, ``tracestate``, ``baggage``, or
-    what ``OTEL_PROPAGATORS`` names), as it reads them (names are lowercase in ASGI)."""
-    fields = propagate.get_global_textmap().fields
+def _carrier(scope: Scope, fields: set[str]) -> dict[str, str]:
+    """The request's headers the trace propagator reads (``fields``: ``traceparent``, ``tracestate``,
+    ``baggage``, or what ``OTEL_PROPAGATORS`` names), as it reads them (names are lowercase in ASGI)."""
     return {
         key: value.decode("latin-1")
         for name, value in scope["headers"]
