@@ -305,6 +305,22 @@ ENTITY_TEXTS = [
 ]
 
 
+def test_qa_token_budget_bounds_a_requests_pairs_but_admits_any_one(tiny_models: Path) -> None:
+    """MAX_CONTEXT_TOKENS sums a request's window tokens over its pairs: a second pair that passes it is
+    refused, 422 naming that pair; one pair alone always passes, however many windows its context takes."""
+    context = " ".join(f"Sentence {i} tells of the river and the old mill by the bridge." for i in range(30))
+    pair = {"question": "What stands by the bridge?", "context": context}
+    settings = Settings(MODEL_REPOSITORY=tiny_models, CACHE_ENABLED=False, MAX_CONTEXT_TOKENS=200)
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+        alone = c.post("/v1/extract", json={"task": "qa", **pair})
+        assert alone.status_code == 200, alone.text
+        assert alone.json()["results"][0]["windows"] > 2 and alone.json()["usage"]["input_tokens"] > 200
+        two = c.post("/v1/extract", json={"task": "qa", "items": [pair, pair]})
+        assert two.status_code == 422, two.text
+        error = two.json()["error"]
+        assert "MAX_CONTEXT_TOKENS" in error["message"] and error["field"] == "items[1].context", error
+
+
 def test_extract_entities_batched_equals_one_by_one(client: httpx.Client) -> None:
     body = ok(client, "/v1/extract", {"task": "entities", "texts": ENTITY_TEXTS})
     assert_envelope(body, "bert-tagger", len(ENTITY_TEXTS))

@@ -157,9 +157,6 @@ def test_run_against_the_tiny_models(tiny_models: Path, tmp_path: Path) -> None:
         "--max-new-tokens", "16",
         "--out", str(out),
         "--ready-timeout", "300",
-        # The tiny QA model cuts a long SQuAD context into up to 23 windows of 96 tokens (2,200 tokens): past
-        # the default MAX_CONTEXT_TOKENS, which is sized for the default model's 384-token windows.
-        "--env", "MAX_CONTEXT_TOKENS=4096",
         "--quiet",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "LOCUST_WEIGHTS", "LOAD_MIX")}
