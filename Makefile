@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test-fast test-tools image models serve test lint format eval clean-models clean-podman loadtest bench bench-peers soak lock audit
+.PHONY: setup test-fast test-deploy test-tools image models serve test lint format eval clean-models clean-podman loadtest bench bench-peers soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -20,12 +20,18 @@ serve: models
 # The suite needs more than serving does: haproxy and the container tools (scripts/setup.sh --test-tools).
 # Lint first: a style, type or layering fault fails CI as a failing test does.
 test: setup test-tools lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # The fast layer: the core, the pipelines, the doors' renderers and the project's own rules, with fakes
 # or graphs made on the spot; no model build, no training, no apt (well under a minute).
 test-fast: setup
 	$(PY) -m pytest -q -m "not models and not slow and not checkpoint"
+
+# The deployment itself (part of `make test` too): the image built and run, the compose file brought up whole
+# in containers (replicas behind HAProxy, locust, a replica killed, `down`), replicas as processes behind
+# Debian's haproxy, the autoscaler's queries in a real Prometheus (docs/DEPLOYMENT.md gives the times).
+test-deploy: setup test-tools
+	$(PY) -m pytest -q -m deploy
 
 test-tools:
 	./scripts/setup.sh --test-tools

@@ -9,6 +9,9 @@
 - ``stats``: percentile, median, ratio.
 - ``json_file``: strict JSON (NaN and infinities written as null).
 - ``otlp``: OTLP trace receivers (gRPC and HTTP/protobuf) that keep every span they are sent.
+- ``podman``: podman in the project's private state, and scripts/podman_build.sh's builds.
+- ``compose``: docker-compose.yml brought up by Docker Compose v2 on podman's Docker API, with the health
+  checks podman leaves to systemd run at their intervals.
 
 Standard library only (``otlp`` aside: grpcio and opentelemetry-proto, which the service installs), and
 never imported by the service: the service image does not hold it. It is

@@ -7,6 +7,7 @@
 #   scripts/podman_build.sh env                # print the environment that points podman at this state
 #   scripts/podman_build.sh prune              # remove the whole state: containers, images, layers, cache
 #   scripts/podman_build.sh standins           # redis, prometheus and haproxy stand-ins from Debian packages
+#   scripts/podman_build.sh loadtest           # --target loadtest: locust with the load tests
 #
 # Everything lives in a private state folder (PODMAN_STATE, default .cache/podman): its own
 # containers.conf and storage.conf through CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, never the
@@ -38,6 +39,9 @@ default_ulimits = ["nofile=16384:16384", "nproc=16384:16384"]
 
 [engine]
 runtime = "runc"
+
+[network]
+network_backend = "netavark"
 CONF
 cat > "$STATE/storage.conf" <<CONF
 [storage]
@@ -128,6 +132,9 @@ case "${1:-}" in
     build runtime "$TAG:$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
       --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
     ;;
+  loadtest)
+    build loadtest "$TAG-locust:latest"
+    ;;
   standins)
     # The third-party images docker-compose.yml names, tagged with its names: Debian's packages on the
     # local base (deploy/podman/standins.Containerfile), never the images themselves (no registry here).
@@ -140,7 +147,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,10p' "$0" >&2
     exit 2
     ;;
 esac

@@ -93,9 +93,10 @@ fi
 
 # `scripts/setup.sh --test-tools`: what only the test path needs (`make test`, CI), never `make serve`:
 # haproxy (tests/test_replicas.py), and podman, buildah, runc and mmdebstrap to build and run the image
-# (tests/test_image.py, scripts/podman_build.sh).
+# (tests/test_image.py, scripts/podman_build.sh); netavark and aardvark-dns, podman's network stack with
+# DNS between containers, for the compose file in containers (tests/test_compose.py).
 if [ "${1:-}" = "--test-tools" ]; then
-  apt_install haproxy podman buildah runc mmdebstrap
+  apt_install haproxy podman buildah runc mmdebstrap netavark aardvark-dns
   exit 0
 fi
 

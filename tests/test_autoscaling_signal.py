@@ -37,7 +37,7 @@ CLIENTS = 96  # in flight at once: 4x the in-flight threshold of 24 per replica,
 TEXTS_PER_REQUEST = 16
 LOAD_S = 30.0
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 
 def _triggers() -> list[dict[str, Any]]:

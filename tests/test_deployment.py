@@ -28,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from fnmatch import fnmatch
 from pathlib import Path
@@ -496,6 +498,22 @@ def test_compose_services_and_health(compose: dict[str, Any]) -> None:
     assert services["prometheus"]["depends_on"]["api"]["condition"] in ("service_started", "service_healthy")
 
 
+def test_compose_health_checks_survive_podmans_docker_api() -> None:
+    """No CMD health check has an argument with whitespace: podman's Docker-compatible API (the one
+    tests/test_compose.py runs the file on) joins the list and splits it on whitespace again (podman#26519),
+    so ``python -c "import x; ..."`` becomes ``python -c import x; ...``. A command that needs spaces is one
+    CMD-SHELL string, which both engines hand to the shell whole."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    for name, service in services.items():
+        test = service.get("healthcheck", {}).get("test")
+        if not test or test[0] == "CMD-SHELL":
+            assert test is None or len(test) == 2, f"{name}: CMD-SHELL takes one string"
+            continue
+        assert test[0] == "CMD", f"{name}: {test}"
+        spaced = [arg for arg in test[1:] if re.search(r"\s", arg)]
+        assert not spaced, f"{name}: podman's Docker API would split {spaced} into words"
+
+
 def test_compose_api(compose: dict[str, Any]) -> None:
     api = compose["services"]["api"]
     assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"
@@ -591,7 +609,7 @@ def test_compose_scaled_profile() -> None:
     files = [arg for arg in lb["command"] if arg.startswith("/usr/local/etc/haproxy/")]
     assert [Path(f).name for f in files] == ["haproxy.cfg", "servers.compose.cfg"]
     assert [(p["target"], p["published"]) for p in lb["ports"]] == [(8000, "8080")]
-    assert lb["healthcheck"]["test"][0] == "CMD"
+    assert lb["healthcheck"]["test"][0] == "CMD-SHELL" and "127.0.0.1/8404" in lb["healthcheck"]["test"][1]
     haproxy = shutil.which("haproxy")
     if haproxy is not None:  # the test path installs it (tests/test_replicas.py needs it)
         result = _run(
@@ -876,3 +894,66 @@ def test_dockerfile_needs_no_image_beyond_its_bases(dockerfile: Any) -> None:
         assert base in stages or re.fullmatch(r"\$\{[A-Z_]+\}", base), f"stage {name} is FROM {base}"
         if base not in stages:
             assert base.strip("${}") in global_args
+
+
+class _Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health/ready" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0  # not listening yet
+
+
+def test_the_balancers_health_says_whether_a_replica_is_in_rotation() -> None:
+    """HAProxy's /health (compose's health check of `lb`) is 200 while a replica is in rotation and 503 once
+    none is, so `docker compose up --wait` returns only when a request through the balancer can be answered."""
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed: make test installs it (scripts/setup.sh --test-tools)")
+    replica = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    stats = free_port()
+    env = {
+        **os.environ,
+        "LB_BIND": f"127.0.0.1:{free_port()}",
+        "LB_STATS_BIND": f"127.0.0.1:{stats}",
+        "API_1": f"127.0.0.1:{replica.server_address[1]}",
+        "API_2": f"127.0.0.1:{free_port()}",  # nobody listens: out of rotation after two checks
+    }
+    config = REPO / "deploy" / "haproxy"
+    proc = subprocess.Popen(
+        [haproxy, "-f", str(config / "haproxy.cfg"), "-f", str(config / "servers.local.cfg")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        seen = []
+        for _ in range(40):
+            seen.append(_health(stats) if proc.poll() is None else -1)
+            if seen[-1] == 200 and len(seen) > 8:  # past the dead replica's two failed checks
+                break
+            threading.Event().wait(0.25)
+        assert seen[-1] == 200, seen
+        replica.shutdown()
+        replica.server_close()
+        for _ in range(40):
+            if _health(stats) == 503:
+                break
+            threading.Event().wait(0.25)
+        assert _health(stats) == 503, "no replica in rotation: the balancer is not healthy"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -18,7 +18,6 @@ import base64
 import io
 import json
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -33,49 +32,30 @@ import tritonclient.grpc
 import yaml
 from PIL import Image
 
+from harness import podman
 from harness.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD = REPO / "scripts" / "podman_build.sh"
 TAG = "localhost/transformer-serving"
-TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.deploy,
     pytest.mark.timeout(3600),
     pytest.mark.skipif(os.geteuid() != 0, reason="rootful podman and mmdebstrap need root"),
 ]
 
 
-def _podman_env() -> dict[str, str]:
-    """This machine's environment plus the private containers.conf and storage.conf of the build script."""
-    out = subprocess.run([str(BUILD), "env"], capture_output=True, text=True, check=True, cwd=REPO)
-    env = dict(os.environ)
-    for item in out.stdout.split()[1:]:  # "export A=x B=y"
-        key, _, value = item.partition("=")
-        env[key] = value
-    assert env["CONTAINERS_CONF"].startswith(str(REPO)), "never the machine's own containers.conf"
-    return env
-
-
-def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, env=_podman_env(), timeout=timeout, check=check
-    )
+_podman = podman.podman
 
 
 def _build(*args: str) -> float:
-    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    missing = podman.missing_tools()
     if missing:
         pytest.fail(
             f"{', '.join(missing)} missing: run `make test` (scripts/setup.sh --test-tools installs them)"
         )
-    started = time.perf_counter()
-    result = subprocess.run(
-        [str(BUILD), *args], capture_output=True, text=True, cwd=REPO, timeout=3000, stdin=subprocess.DEVNULL
-    )
-    assert result.returncode == 0, f"podman_build.sh {' '.join(args)}:\n{result.stderr[-6000:]}"
-    return time.perf_counter() - started
+    return podman.build(*args)
 
 
 @pytest.fixture(scope="module")

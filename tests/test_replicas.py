@@ -39,7 +39,7 @@ CLIENTS = 6  # concurrent clients of the sustained load
 REQUESTS = 60  # per client: 360 requests per load run
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 
 def _replica_env(models: Path, redis_url: str) -> dict[str, str | None]:
