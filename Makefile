@@ -70,14 +70,23 @@ loadtest: setup
 bench: setup
 	$(PY) benchmarks/run_all.py --models $(MODELS) --json benchmarks/latest.json
 
-# The same classifier behind LitServe and Ray Serve vs this service (benchmarks/README.md, "Peers"): the peers
-# install into a venv of their own, never the service's.
-bench-peers: setup .venv-peers/bin/python
-	$(PY) benchmarks/peers.py --models $(MODELS) --peers-python .venv-peers/bin/python
+# The same classifier behind LitServe, Ray Serve, Triton and MLServer vs this service (benchmarks/README.md,
+# "Peers"): the peers install into venvs of their own (LitServe and Ray in one), never the service's.
+bench-peers: setup .venv-peers/bin/python .venv-triton/bin/python .venv-mlserver/bin/python
+	$(PY) benchmarks/peers.py --models $(MODELS) --peers-python .venv-peers/bin/python \
+		--triton-python .venv-triton/bin/python --mlserver-python .venv-mlserver/bin/python
 
 .venv-peers/bin/python:
 	$(PY) -m venv .venv-peers
 	.venv-peers/bin/pip install -e ".[peers]"
+
+.venv-triton/bin/python:
+	$(PY) -m venv .venv-triton
+	.venv-triton/bin/pip install -e ".[peers-triton]"
+
+.venv-mlserver/bin/python:
+	$(PY) -m venv .venv-mlserver
+	.venv-mlserver/bin/pip install -e ".[peers-mlserver]"
 
 # Ten times the measured capacity for five minutes: the overload contract (README, "Overload and soak").
 soak: setup

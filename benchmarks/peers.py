@@ -1,29 +1,37 @@
-"""(i) Peers: the same fused classifier behind LitServe and Ray Serve, and behind this service.
+"""(i) Peers: the same fused classifier behind LitServe, Ray Serve, NVIDIA Triton and Seldon MLServer, and
+behind this service.
 
-    python -m venv .venv-peers && .venv-peers/bin/pip install -e ".[peers]"     # once
-    python benchmarks/peers.py --peers-python .venv-peers/bin/python
+    make bench-peers        # makes the peers' venvs (once), then runs this with all of them
+
+    python benchmarks/peers.py --peers-python .venv-peers/bin/python \
+        --triton-python .venv-triton/bin/python --mlserver-python .venv-mlserver/bin/python
 
 One ONNX file, the text classifier's ``fused`` variant (what the service serves on CPU; its path is
-in the manifest's ``variants``), behind three servers on loopback ports: this service (``python -m
-service`` from this venv, MODEL_VARIANT=fused) and, with the python of a separate venv
-(``--peers-python``: their dependencies never enter the service's), LitServe and Ray Serve
-(``benchmarks/peer_servers/``). Every server does the same work per request: the model folder's
-``tokenizer.json`` (tokenizers), ONNX Runtime on the fused graph with the same thread settings
-(INTRA_OP_THREADS, one inter-op thread), softmax, the top label, a JSON answer; each batches
-dynamically, up to the same ``max_batch_size`` (the service's MAX_BATCH_SIZE, 32), with the wait its
-own design needs (LitServe's ``batch_timeout``, Ray Serve's ``batch_wait_timeout_s``; the service
-forms batches while the model computes and never waits). Once started, every server first answers
-the same texts one by one, and its labels and scores are compared with the service's.
+in the manifest's ``variants``), behind servers on loopback ports: this service (``python -m service``
+from this venv, MODEL_VARIANT=fused) and, each with the python of a venv of its own (their dependencies
+never enter the service's, nor each other's: PyTriton needs numpy < 2), LitServe and Ray Serve
+(``--peers-python``, extra ``peers``), Triton through PyTriton (``--triton-python``, extra
+``peers-triton``) and MLServer with a custom runtime (``--mlserver-python``, extra ``peers-mlserver``),
+from ``benchmarks/peer_servers/``; a peer whose venv is not given is left out, and the notes say so.
+Every server does the same work per request: the model folder's ``tokenizer.json`` (tokenizers), ONNX
+Runtime on the fused graph with the same thread settings (INTRA_OP_THREADS, one inter-op thread),
+softmax, the top label, a JSON answer; each batches dynamically, up to the same ``max_batch_size`` (the
+service's MAX_BATCH_SIZE, 32), with the wait its own design needs (LitServe's ``batch_timeout``, Ray
+Serve's ``batch_wait_timeout_s``, Triton's ``max_queue_delay_microseconds``, MLServer's
+``max_batch_time``; the service forms batches while the model computes and never waits). Once
+started, every server first answers the same texts one by one, and its labels and scores are compared
+with the service's.
 
-The same closed-loop client (``load.py``: one SST-2 sentence per ``POST /v1/classify``) then drives
-each server at 1, 8 and 32 clients. One server runs at a time: an idle peer is not idle (LitServe's
-worker polls its queue, Ray's raylet and GCS keep time), and on a small machine what it burns would
-be taken from the server measured. So each round starts each server in turn, measures its points and
-stops it, for ``--rounds`` rounds with the order reversed every other round, so that a drifting
-machine drifts for all of them alike. The table gives each peer's requests/s, p50 and p99 as ratios
-to the service's, and the CPU of each server's whole process tree (LitServe's API server and
-inference worker, Ray's raylet, GCS, proxy and replica). A peer that does not install or start is
-reported as such, and the others are measured all the same.
+The same closed-loop client (``load.py``: one SST-2 sentence per request; ``POST /v1/classify``, or
+KServe v2 ``infer`` to Triton and MLServer, whose HTTP protocol it is) then drives each server at 1, 8
+and 32 clients. One server runs at a time: an idle peer is not idle (LitServe's worker polls its
+queue, Ray's raylet and GCS keep time), and on a small machine what it burns would be taken from the
+server measured. So each round starts each server in turn, measures its points and stops it, for
+``--rounds`` rounds with the order reversed every other round, so that a drifting machine drifts for
+all of them alike. The table gives each peer's requests/s, p50 and p99 as ratios to the service's,
+and the CPU of each server's whole process tree (LitServe's API server and inference worker, Ray's
+raylet, GCS, proxy and replica, Triton's server and Python backend stub). A peer that does not
+install or start is reported as such, and the others are measured all the same.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 from benchmarks.batching import classify_request
 from benchmarks.cli import main
 from benchmarks.data import sentiment_texts
-from benchmarks.load import BYPASS_CACHE, LoadPoint, closed_loop, merge_points
+from benchmarks.load import BYPASS_CACHE, LoadPoint, RequestFn, closed_loop, merge_points
 from benchmarks.options import BENCH_DIR, Options
 from benchmarks.repository import find_model, subset_repository
 from benchmarks.results import Check, Result, cores_used, display_path
@@ -51,11 +59,14 @@ from harness.service_process import ServiceNotReady, ServiceProcess
 from harness.stats import ratio
 
 NAME = "peers"
-TITLE = "(i) Peers: the fused bert-classifier behind LitServe and Ray Serve vs this service"
+TITLE = "(i) Peers: the fused bert-classifier behind LitServe, Ray Serve, Triton and MLServer vs this service"
 CONCURRENCY = (1, 8, 32)
 VARIANT = "fused"
 SERVICE = "service"
 MAX_BATCH_SIZE = 32  # the service's default MAX_BATCH_SIZE, for all three
+
+
+V2_MODEL_READY = "/v2/models/{model}/ready"
 
 
 @dataclass(frozen=True)
@@ -64,13 +75,49 @@ class Peer:
     label: str
     script: str  # in benchmarks/peer_servers/
     batch_timeout_ms: float  # the default; see benchmarks/README.md, "Peers", for how it was chosen
+    venv: str = "peers"  # which venv's python runs it: --peers-python, or --<venv>-python
+    protocol: str = "classify"  # what a request is: the service's POST /v1/classify, or "v2" (KServe v2)
+    ready_path: str = "/health/ready"  # {model}: the model folder's name
 
 
 PEERS = {
     "litserve": Peer("litserve", "LitServe", "litserve_server.py", 2.0),
     "ray-serve": Peer("ray_serve", "Ray Serve", "ray_serve_server.py", 0.0),
+    # Triton and MLServer speak KServe v2 over HTTP; ready once the model is (the server is before it).
+    "triton": Peer("triton", "Triton", "triton_server.py", 0.1, "triton", "v2", V2_MODEL_READY),
+    "mlserver": Peer("mlserver", "MLServer", "mlserver_server.py", 1.0, "mlserver", "v2", V2_MODEL_READY),
+}
+VENVS = {  # venv -> its extra in pyproject.toml: each peer's dependencies stay out of the others'
+    "peers": ".venv-peers",
+    "triton": ".venv-triton",
+    "mlserver": ".venv-mlserver",
 }
 VENV_HINT = 'python -m venv .venv-peers && .venv-peers/bin/pip install -e ".[peers]"'
+
+
+def venv_hint(venv: str) -> str:
+    extra = "peers" if venv == "peers" else f"peers-{venv}"
+    return f'python -m venv {VENVS[venv]} && {VENVS[venv]}/bin/pip install -e ".[{extra}]"'
+
+
+def classify_v2_request(texts: list[str], model: str) -> RequestFn:
+    """The same texts as the service's requests, as KServe v2 infer requests (Triton's HTTP protocol): one
+    BYTES input of shape [1, 1]. ``Accept-Encoding: identity``: Triton gzips its answers otherwise."""
+    path = f"/v2/models/{model}/infer"
+
+    async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
+        body = {
+            "inputs": [
+                {"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [texts[i % len(texts)]]}
+            ]
+        }
+        response = await conn.request("POST", path, body, IDENTITY)
+        return response.status, {}
+
+    return request
+
+
+IDENTITY = {"Accept-Encoding": "identity"}
 # A peer's requests/s over the service's, at most: the service keeps its lead (never asserted).
 TARGET = 1.0
 READY_TIMEOUT_S = 300.0  # a cold Ray cluster takes tens of seconds on 2 cores
@@ -84,6 +131,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"python of the venv with the peer servers (make it: {VENV_HINT}); without it: skipped",
     )
+    for venv in VENVS:
+        if venv != "peers":
+            parser.add_argument(
+                f"--{venv}-python",
+                type=Path,
+                default=None,
+                help=f"python of the venv with {venv} (make it: {venv_hint(venv)}); without it: left out",
+            )
     parser.add_argument(
         "--peers", nargs="+", choices=sorted(PEERS), default=None, help="peers to run (default: all)"
     )
@@ -110,12 +165,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def skip_reason(opts: Options) -> str | None:
-    """Why this benchmark cannot run with these options (run_all skips it then), or None."""
-    python = opts.extra.get("peers_python")
-    if python is None:
+    """Why this benchmark cannot run with these options (run_all skips it then), or None: it runs when at
+    least one peer's venv is given (the peers of a venv not given are left out, and the result says so)."""
+    pythons = {venv: opts.extra.get(f"{venv}_python") for venv in VENVS}
+    if not any(pythons.values()):
         return f"no --peers-python given: make the peers' venv with `{VENV_HINT}`, then pass its python"
-    if not Path(python).is_file():
-        return f"--peers-python {python} does not exist (make it with `{VENV_HINT}`)"
+    for venv, python in pythons.items():
+        if python is not None and not Path(python).is_file():
+            return f"--{venv}-python {python} does not exist (make it with `{venv_hint(venv)}`)"
     return None
 
 
@@ -129,11 +186,20 @@ def fused_graph(folder: Path) -> str:
     return str(variant["graphs"]["model"])
 
 
-async def _answers(server: ServiceProcess, texts: list[str]) -> list[tuple[str, float]]:
+async def _answers(
+    server: ServiceProcess, texts: list[str], protocol: str, model: str
+) -> list[tuple[str, float]]:
     conn = HTTPConnection("127.0.0.1", server.port)
     try:
         found = []
         for text in texts:
+            if protocol == "v2":
+                body = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
+                response = await conn.request("POST", f"/v2/models/{model}/infer", body, IDENTITY)
+                assert response.status == 200, f"{server.command}: {response.status} {response.body[:300]!r}"
+                outputs = {o["name"]: o["data"][0] for o in response.json()["outputs"]}
+                found.append((str(outputs["label"]), float(outputs["score"])))
+                continue
             response = await conn.request("POST", "/v1/classify", {"text": text}, BYPASS_CACHE)
             assert response.status == 200, f"{server.command}: {response.status} {response.body[:300]!r}"
             result = response.json()["results"][0]
@@ -152,10 +218,12 @@ def run(opts: Options) -> Result:
     reason = skip_reason(opts)
     if reason is not None:
         sys.exit(f"error: {reason}")
-    python = Path(opts.extra["peers_python"])
+    pythons = {venv: Path(p) for venv in VENVS if (p := opts.extra.get(f"{venv}_python")) is not None}
     folder = find_model(opts.models, "text-classification")
     graph = fused_graph(folder)
-    chosen = {PEERS[name].key: PEERS[name] for name in opts.extra.get("peers") or PEERS}
+    asked = opts.extra.get("peers") or list(PEERS)
+    chosen = {PEERS[name].key: PEERS[name] for name in asked if PEERS[name].venv in pythons}
+    left_out = {PEERS[n].label: venv_hint(PEERS[n].venv) for n in asked if PEERS[n].venv not in pythons}
     concurrency = opts.extra.get("concurrency") or ([1, 32] if opts.quick else list(CONCURRENCY))
     duration = opts.extra.get("duration") or (0.5 if opts.quick else 4.0)
     rounds = opts.extra.get("rounds") or (1 if opts.quick else 3)
@@ -168,18 +236,39 @@ def run(opts: Options) -> Result:
             timeouts[peer.key] = peer.batch_timeout_ms if given is None else given
     texts = sentiment_texts()
     sample = texts[:AGREEMENT_TEXTS]
-    request = classify_request(texts)
+    requests = {
+        key: classify_v2_request(texts, folder.name)
+        if key in chosen and chosen[key].protocol == "v2"
+        else classify_request(texts)
+        for key in [SERVICE, *chosen]
+    }
     labels = {SERVICE: "this service", **{key: p.label for key, p in chosen.items()}}
     service_env = {"MODEL_VARIANT": VARIANT, "MAX_BATCH_SIZE": str(max_batch)}
 
     def server_for(key: str, repo: Path) -> ServiceProcess:
         if key == SERVICE:
             return benchmark_server(repo, opts, env=service_env, cpu_of_tree=True)
-        env = {"MODEL_DIR": str(folder), "BATCH_TIMEOUT_MS": f"{timeouts[key]:g}", **service_env}
-        command = [str(python), str(BENCH_DIR / "peer_servers" / chosen[key].script)]
+        peer = chosen[key]
+        env = {
+            "MODEL_DIR": str(folder),
+            "BATCH_TIMEOUT_MS": f"{timeouts[key]:g}",
+            # the gRPC and metrics ports a peer binds too (Triton, MLServer), unused here
+            "PEER_GRPC_PORT": str(free_port_outside_ephemeral()),
+            "PEER_METRICS_PORT": str(free_port_outside_ephemeral()),
+            **service_env,
+        }
+        command = [str(pythons[peer.venv]), str(BENCH_DIR / "peer_servers" / peer.script)]
         # Ray binds a dozen ports the OS picks after start-up: ours must not be one the OS could pick.
         port = free_port_outside_ephemeral()
-        return benchmark_server(repo, opts, env=env, command=command, cpu_of_tree=True, port=port)
+        return benchmark_server(
+            repo,
+            opts,
+            env=env,
+            command=command,
+            cpu_of_tree=True,
+            port=port,
+            ready_path=peer.ready_path.format(model=folder.name),
+        )
 
     runs: dict[str, dict[int, list[LoadPoint]]] = {key: {c: [] for c in concurrency} for key in labels}
     ready: dict[str, list[float]] = {key: [] for key in labels}
@@ -208,9 +297,10 @@ def run(opts: Options) -> Result:
                         assert served["variant"] == VARIANT, f"the service serves {served['variant']}"
                         provider = providers(server)
                     context.setdefault(key, _version_line(server, labels[key]))
-                    answers.setdefault(key, run_async(_answers(server, sample)))
+                    protocol = chosen[key].protocol if key in chosen else "classify"
+                    answers.setdefault(key, run_async(_answers(server, sample, protocol, folder.name)))
                     for c in concurrency:
-                        point = closed_loop(server, c, request, duration_s=duration, warmup_s=warmup)
+                        point = closed_loop(server, c, requests[key], duration_s=duration, warmup_s=warmup)
                         runs[key][c].append(run_async(point))
                 finally:
                     server.close()
@@ -251,17 +341,29 @@ def run(opts: Options) -> Result:
     details += [
         f"- {labels[key]} **did not start**: {_first_lines(error)}" for key, error in not_started.items()
     ]
+    details += [
+        f"- {label}: left out, its venv not given (make it: `{hint}`)" for label, hint in left_out.items()
+    ]
     batching = ", ".join(f"{labels[k]} {t:g} ms" for k, t in timeouts.items())
+    venvs = ", ".join(f"`{display_path(p)}`" for p in pythons.values())
     details += [
         "",
-        f"Model `{folder.name}`, its `{VARIANT}` graph `{graph}` in all three servers (the service with "
+        f"Model `{folder.name}`, its `{VARIANT}` graph `{graph}` in every server (the service with "
         f"MODEL_VARIANT={VARIANT}), intra-op threads {opts.threads or 'one per core'} and 1 inter-op thread; "
         f"max batch {max_batch} everywhere; batch wait: this service none (batches form while the model "
-        f"computes), {batching}. Peers run under `{display_path(python)}`. One SST-2 validation sentence "
+        f"computes), {batching}. Peers run under {venvs}. One SST-2 validation sentence "
         f"per request ({len(texts)} in rotation); {rounds} round(s) of {duration:g} s per point after "
         f"{warmup:g} s of warm-up; one server at a time, each round starting and stopping each in turn (the "
         "order reversed every other round). 'cores': CPU time of the server's whole process tree over wall time.",
     ]
+    v2 = [chosen[k].label for k in chosen if chosen[k].protocol == "v2"]
+    if v2:
+        details.append(
+            'Requests: `POST /v1/classify` with `{"text": ...}`, but to '
+            + " and ".join(v2)
+            + f" KServe v2, their HTTP protocol (`POST /v2/models/{folder.name}/infer`, one BYTES input of "
+            "shape [1, 1], `Accept-Encoding: identity`): the same texts, a JSON answer each."
+        )
     return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
 
 

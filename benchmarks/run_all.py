@@ -1,7 +1,8 @@
 """Every benchmark, one after the other, within about 18 minutes on a 2-core machine.
 
     python benchmarks/run_all.py --json benchmarks/latest.json [--models DIR] [--quick] [--only NAME ...]
-        [--peers-python .venv-peers/bin/python]
+        [--peers-python .venv-peers/bin/python] [--triton-python .venv-triton/bin/python]
+        [--mlserver-python .venv-mlserver/bin/python]
 
 Prints each ratio with its target and PASS/MISS, appends one dated section to benchmarks/RESULTS.md
 and writes the headline figures under fixed keys (HEADLINE) to the JSON file, with each benchmark's
@@ -91,13 +92,21 @@ def parse() -> argparse.Namespace:
         default=None,
         help=f"python of the peer servers' venv, for peers.py (make it: {peers.VENV_HINT}); without it: skipped",
     )
+    for venv in ("triton", "mlserver"):
+        parser.add_argument(
+            f"--{venv}-python",
+            type=Path,
+            default=None,
+            help=f"python of {venv}'s venv, for peers.py (make it: {peers.venv_hint(venv)}); without it: left out",
+        )
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse()
     opts = options_from(args)
-    opts.extra = {"peers_python": args.peers_python}  # otherwise each benchmark with its own defaults
+    # otherwise each benchmark with its own defaults
+    opts.extra = {f"{venv}_python": getattr(args, f"{venv}_python") for venv in peers.VENVS}
     fail_without_repository(opts.models)
     started = time.perf_counter()
     results: list[Result] = []

@@ -17,6 +17,7 @@ def benchmark_server(
     log_level: str = "warning",
     cpu_of_tree: bool = False,
     port: int | None = None,
+    ready_path: str = "/health/ready",
 ) -> ServiceProcess:
     """One worker on ``repository`` with the options' device and threads; ``env`` adds settings.
 
@@ -38,6 +39,7 @@ def benchmark_server(
         command=command,
         cpu_of_tree=cpu_of_tree,
         port=port,
+        ready_path=ready_path,
     )
 
 

@@ -52,8 +52,10 @@ class ServiceProcess:
         stop_grace_s: float = 20.0,
         die_with_parent: bool = False,
         cpu_of_tree: bool = False,
+        ready_path: str = "/health/ready",
     ) -> None:
         self.port = port or free_port()
+        self.ready_path = ready_path  # a peer server's own (Triton's /v2/health/ready)
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = list(command or [sys.executable, "-m", "service"])
         settings = {
@@ -96,7 +98,7 @@ class ServiceProcess:
                 raise ServiceNotReady(
                     f"the service exited with {self.proc.returncode}; the end of {self.log_path}:\n{self.log_tail()}"
                 )
-            if self.get_status("/health/ready") == 200:
+            if self.get_status(self.ready_path) == 200:
                 self.ready_s = time.perf_counter() - spawned_at
                 return self
             time.sleep(READY_POLL_S)
