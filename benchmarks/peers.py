@@ -143,6 +143,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peers", nargs="+", choices=sorted(PEERS), default=None, help="peers to run (default: all)"
     )
     parser.add_argument(
+        "--as-shipped",
+        action="store_true",
+        help=f"the service serves the variant it chooses by default (int8 where it pays), not {VARIANT}; "
+        f"the peers keep the {VARIANT} file",
+    )
+    parser.add_argument(
         "--duration", type=float, default=None, help="seconds per point (default 4, quick 0.5)"
     )
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
@@ -244,10 +250,13 @@ def run(opts: Options) -> Result:
     }
     labels = {SERVICE: "this service", **{key: p.label for key, p in chosen.items()}}
     service_env = {"MODEL_VARIANT": VARIANT, "MAX_BATCH_SIZE": str(max_batch)}
+    as_shipped = bool(opts.extra.get("as_shipped"))
+    served_variant = VARIANT
 
     def server_for(key: str, repo: Path) -> ServiceProcess:
         if key == SERVICE:
-            return benchmark_server(repo, opts, env=service_env, cpu_of_tree=True)
+            env: dict[str, str | None] = {**service_env, "MODEL_VARIANT": None if as_shipped else VARIANT}
+            return benchmark_server(repo, opts, env=env, cpu_of_tree=True)
         peer = chosen[key]
         env = {
             "MODEL_DIR": str(folder),
@@ -294,7 +303,8 @@ def run(opts: Options) -> Result:
                     ready[key].append(server.ready_s)
                     if key == SERVICE and key not in answers:
                         served = server.get_json("/v1/models")["data"][0]
-                        assert served["variant"] == VARIANT, f"the service serves {served['variant']}"
+                        served_variant = str(served["variant"])
+                        assert as_shipped or served_variant == VARIANT, f"the service serves {served_variant}"
                         provider = providers(server)
                     context.setdefault(key, _version_line(server, labels[key]))
                     protocol = chosen[key].protocol if key in chosen else "classify"
@@ -308,7 +318,12 @@ def run(opts: Options) -> Result:
         key: {c: merge_points(ps) for c, ps in by_c.items()} for key, by_c in runs.items() if key in answers
     }
 
-    metrics: dict[str, object] = {"model": folder.name, "graph": graph, "duration_s": duration}
+    metrics: dict[str, object] = {
+        "model": folder.name,
+        "graph": graph,
+        "duration_s": duration,
+        "service_variant": served_variant,
+    }
     rows = [
         "| clients | server | requests/s | vs service | p50 ms | vs service | p99 ms | vs service | errors | "
         "server cores | client cores |",
@@ -349,7 +364,12 @@ def run(opts: Options) -> Result:
     details += [
         "",
         f"Model `{folder.name}`, its `{VARIANT}` graph `{graph}` in every server (the service with "
-        f"MODEL_VARIANT={VARIANT}), intra-op threads {opts.threads or 'one per core'} and 1 inter-op thread; "
+        + (
+            f"the variant it chooses by default, as shipped: `{served_variant}`)"
+            if as_shipped
+            else f"MODEL_VARIANT={VARIANT})"
+        )
+        + f", intra-op threads {opts.threads or 'one per core'} and 1 inter-op thread; "
         f"max batch {max_batch} everywhere; batch wait: this service none (batches form while the model "
         f"computes), {batching}. Peers run under {venvs}. One SST-2 validation sentence "
         f"per request ({len(texts)} in rotation); {rounds} round(s) of {duration:g} s per point after "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.options import Options
@@ -12,7 +12,7 @@ from harness.service_process import ServiceProcess
 def benchmark_server(
     repository: Path,
     opts: Options,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     command: Sequence[str] | None = None,
     log_level: str = "warning",
     cpu_of_tree: bool = False,

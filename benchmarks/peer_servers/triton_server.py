@@ -9,8 +9,9 @@ batcher, its Python backend) runs as a child of this process; each batch the bat
 backend's stub process to this one over ZeroMQ, where ``infer`` runs: tokenize the texts, the padded
 batch through ONNX Runtime, softmax, the top label and its score back as two outputs. Clients speak
 Triton's HTTP/REST protocol (KServe v2): ``POST /v2/models/<model>/infer`` with a BYTES ``text`` input
-of shape [1, 1]; readiness is ``/v2/health/ready``. ``TRITON_INSTANCES`` (default 1) binds that many
-copies of the model, Triton's ``instance_group`` count, each with its own ONNX Runtime session.
+of shape [1, 1]; readiness is ``/v2/models/<model>/ready``. ``TRITON_INSTANCES`` (default 1) binds that
+many copies of the model, Triton's ``instance_group`` count, each with its own ONNX Runtime session;
+``TRITON_PREFERRED_BATCH`` (``8,16,32``, say) sets the batcher's preferred batch sizes (default none).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def main() -> None:
         model.probabilities([model.encode("warm-up")])  # as the service warms up
     name = models[0].name
     delay_us = round(settings.batch_timeout_s * 1e6)
+    preferred = [int(b) for b in os.environ.get("TRITON_PREFERRED_BATCH", "").split(",") if b] or None
     config = TritonConfig(
         http_address=settings.host,
         http_port=settings.port,
@@ -81,7 +83,8 @@ def main() -> None:
     )
     print(
         f"Triton (PyTriton {pytriton_version}): {name}, max_batch_size {settings.max_batch_size}, "
-        f"max_queue_delay {delay_us} us, {instances} instance(s), intra-op threads {settings.intra_op_threads}",
+        f"max_queue_delay {delay_us} us, preferred batch sizes {preferred or 'none'}, {instances} instance(s), "
+        f"intra-op threads {settings.intra_op_threads}",
         flush=True,
     )
     with Triton(config=config) as triton:
@@ -95,7 +98,7 @@ def main() -> None:
             ],
             config=ModelConfig(
                 max_batch_size=settings.max_batch_size,
-                batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us),
+                batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us, preferred_batch_size=preferred),
             ),
             strict=True,
         )
