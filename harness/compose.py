@@ -263,8 +263,17 @@ class Compose:
             args.append("--all")
         return list(json.loads(podman.podman(*args).stdout or "[]"))
 
-    def inspect(self, container: str) -> dict[str, Any]:
-        return dict(json.loads(podman.podman("inspect", container).stdout)[0])
+    def inspect(self, container: str, tries: int = 20) -> dict[str, Any]:
+        """``podman container inspect``, tried again for a few seconds: while podman restarts a container
+        (its ``restart:`` policy, after a kill) an inspect can fail for a moment."""
+        for _ in range(tries):
+            found = podman.podman("container", "inspect", container, check=False)
+            if found.returncode == 0:
+                return dict(json.loads(found.stdout)[0])
+            with self.log.open("a") as log:
+                log.write(f"podman container inspect {container} failed, tried again: {found.stderr}")
+            time.sleep(0.25)
+        raise RuntimeError(f"podman container inspect {container}: {found.stderr.strip()}")
 
     def health(self, container: str) -> str:
         state = self.inspect(container)["State"]

@@ -1,5 +1,6 @@
 """The autoscaler's signal, evaluated by a real Prometheus: the KEDA ScaledObject's own queries rise above their
-thresholds under load, so KEDA would scale out, and fall below them once the load stops, so it would scale in.
+thresholds under load, so KEDA would scale out, and fall below them once the load stops, so it would scale in;
+so does the prometheus-adapter rule deploy/k8s/hpa-cpu/hpa.yaml gives for a plain HPA (read from its comment).
 
 Debian's ``prometheus`` server scrapes two ``python -m service`` replicas on loopback with the scrape settings
 deploy/prometheus/prometheus.yml ships for the api (its job's path and interval; static targets in place of
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import shutil
 import subprocess
 import time
@@ -33,6 +35,9 @@ from harness.service_process import ServiceProcess
 REPO = Path(__file__).resolve().parents[1]
 SCALED_OBJECT = REPO / "deploy" / "k8s" / "scaledobject.yaml"
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
+HPA = REPO / "deploy" / "k8s" / "hpa-cpu" / "hpa.yaml"
+NAMESPACE = "default"
+POD_NAMES = ("transformer-serving-7d9f8-0", "transformer-serving-7d9f8-1")
 CLIENTS = 96  # in flight at once: 4x the in-flight threshold of 24 per replica, 2x the 2 replicas
 TEXTS_PER_REQUEST = 16
 LOAD_S = 30.0
@@ -63,6 +68,27 @@ def _seconds(duration: str) -> float:
     raise ValueError(duration)
 
 
+def _adapter_rule() -> tuple[str, float]:
+    """The prometheus-adapter rule deploy/k8s/hpa-cpu/hpa.yaml gives users (in its comments) for queue depth
+    as a per-pod metric, expanded as the adapter does for an HPA's Pods metric over this test's pods, and
+    the HPA target it pairs with (AverageValue per pod)."""
+    comment = [line[1:] for line in HPA.read_text().splitlines() if line.startswith("#")]
+    start = comment.index("   rules:")
+    end = comment.index("", start)  # the rule ends at the first empty comment line
+    (rule,) = yaml.safe_load("\n".join(line[3:] for line in comment[start:end]))["rules"]
+    series = rule["seriesQuery"].split("{")[0]
+    pods = "|".join(POD_NAMES)
+    query = (
+        rule["metricsQuery"]
+        .replace("<<.Series>>", series)
+        .replace("<<.LabelMatchers>>", f'namespace="{NAMESPACE}",pod=~"{pods}"')
+        .replace("<<.GroupBy>>", "pod")
+    )
+    target = re.search(r'averageValue: "(\d+)"', HPA.read_text())
+    assert target is not None, "hpa.yaml's comment pairs the rule with an AverageValue target"
+    return query, float(target.group(1))
+
+
 class Prometheus:
     """Debian's prometheus server in the foreground, on a free loopback port, scraping ``targets``."""
 
@@ -87,7 +113,7 @@ class Prometheus:
                         {
                             "targets": [f"127.0.0.1:{port}"],
                             # What Kubernetes' pod discovery (relabelled as usual) gives each pod.
-                            "labels": {"namespace": "default", "pod": f"transformer-serving-7d9f8-{i}"},
+                            "labels": {"namespace": NAMESPACE, "pod": POD_NAMES[i]},
                         }
                         for i, port in enumerate(targets)
                     ],
@@ -127,12 +153,17 @@ class Prometheus:
         active = httpx.get(f"{self.url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
         return sum(t["health"] == "up" for t in active)
 
-    def query(self, promql: str) -> float:
-        """The query's value now, as KEDA's Prometheus scaler reads it (an empty result is 0)."""
+    def series(self, promql: str) -> dict[str, float]:
+        """The query's value now, per series (keyed by the series' ``pod`` label, or '' without one)."""
         body = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5).json()
         assert body["status"] == "success", body
-        result = body["data"]["result"]
-        return float(result[0]["value"][1]) if result else 0.0
+        return {r["metric"].get("pod", ""): float(r["value"][1]) for r in body["data"]["result"]}
+
+    def query(self, promql: str) -> float:
+        """The query's value now, as KEDA's Prometheus scaler reads it: one series (an empty result is 0)."""
+        values = self.series(promql)
+        assert len(values) <= 1, f"KEDA refuses a query of several series: {promql} gave {values}"
+        return next(iter(values.values()), 0.0)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -195,11 +226,16 @@ def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fa
         assert prometheus.targets_up() == 2
 
         peaks = {t["name"]: 0.0 for t in triggers}
+        adapter_query, adapter_target = _adapter_rule()
+        adapter_peak, adapter_pods = 0.0, 0
         with ThreadPoolExecutor(1) as pool:
             load = pool.submit(asyncio.run, _load([r.url for r in replicas], LOAD_S))
             while not load.done():
                 for t in triggers:
                     peaks[t["name"]] = max(peaks[t["name"]], prometheus.query(t["metadata"]["query"]))
+                per_pod = prometheus.series(adapter_query)
+                adapter_pods = max(adapter_pods, len(per_pod))
+                adapter_peak = max(adapter_peak, sum(per_pod.values()))
                 time.sleep(1.0)
             statuses = load.result()
         assert statuses.get(200, 0) > 0 and set(statuses) == {200}, statuses
@@ -210,12 +246,16 @@ def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fa
         fall_within = float(spec["pollingInterval"]) + prometheus.scrape_s
         after = {t["name"]: math.inf for t in triggers}
         fell_at: dict[str, float] = {}
-        while time.monotonic() - ended < fall_within + 5 and len(fell_at) < len(triggers):
+        adapter_after = math.inf
+        while time.monotonic() - ended < fall_within + 5 and len(fell_at) < len(triggers) + 1:
             for t in triggers:
                 value = prometheus.query(t["metadata"]["query"])
                 after[t["name"]] = value
                 if value < float(t["metadata"]["threshold"]) and t["name"] not in fell_at:
                     fell_at[t["name"]] = time.monotonic() - ended
+            adapter_after = sum(prometheus.series(adapter_query).values())
+            if adapter_after < adapter_target and "adapter" not in fell_at:
+                fell_at["adapter"] = time.monotonic() - ended
             time.sleep(0.5)
     finally:
         prometheus.stop()
@@ -231,3 +271,15 @@ def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fa
         assert wanted_under_load > replicas_now, f"{name} would not scale out: peaked at {peaks[name]}"
         assert name in fell_at, f"{name} stayed at {after[name]} after the load"
         assert fell_at[name] <= fall_within, f"{name} fell only after {fell_at[name]:.1f} s"
+
+    # hpa.yaml's prometheus-adapter rule: one series per pod, an HPA Pods metric at AverageValue per pod.
+    hpa_min = int(yaml.safe_load(HPA.read_text())["spec"]["minReplicas"])
+    wanted = math.ceil(adapter_peak / adapter_target)
+    print(
+        f"hpa.yaml's adapter rule: {adapter_query} summed over its {adapter_pods} pods peaked at "
+        f"{adapter_peak:g} (target {adapter_target:g} per pod: {wanted} replicas wanted against {hpa_min}), "
+        f"fell to {adapter_after:g} {fell_at.get('adapter', math.nan):.1f} s after the load stopped"
+    )
+    assert adapter_pods == len(POD_NAMES), "one series per pod, as an HPA Pods metric needs"
+    assert wanted > hpa_min, f"the adapter's metric would not scale out: peaked at {adapter_peak}"
+    assert fell_at.get("adapter", math.inf) <= fall_within, f"the adapter's metric stayed at {adapter_after}"
