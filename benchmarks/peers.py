@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,7 @@ PEERS = {
     "litserve": Peer("litserve", "LitServe", "litserve_server.py", 2.0),
     "ray-serve": Peer("ray_serve", "Ray Serve", "ray_serve_server.py", 0.0),
     # Triton and MLServer speak KServe v2 over HTTP; ready once the model is (the server is before it).
-    "triton": Peer("triton", "Triton", "triton_server.py", 0.1, "triton", "v2", V2_MODEL_READY),
+    "triton": Peer("triton", "Triton", "triton_server.py", 0.0, "triton", "v2", V2_MODEL_READY),
     "mlserver": Peer("mlserver", "MLServer", "mlserver_server.py", 1.0, "mlserver", "v2", V2_MODEL_READY),
 }
 VENVS = {  # venv -> its extra in pyproject.toml: each peer's dependencies stay out of the others'
@@ -317,6 +318,12 @@ def run(opts: Options) -> Result:
     points = {
         key: {c: merge_points(ps) for c, ps in by_c.items()} for key, by_c in runs.items() if key in answers
     }
+    # requests/s: the median of the rounds (each round's own figure); latencies pooled over the rounds
+    median_rps = {
+        key: {c: statistics.median(p.rps for p in ps) for c, ps in by_c.items()}
+        for key, by_c in runs.items()
+        if key in answers
+    }
 
     metrics: dict[str, object] = {
         "model": folder.name,
@@ -326,12 +333,13 @@ def run(opts: Options) -> Result:
     }
     rows = [
         "| clients | server | requests/s | vs service | p50 ms | vs service | p99 ms | vs service | errors | "
-        "server cores | client cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "server CPU ms / request | server cores | client cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in concurrency:
         for key, by_c in points.items():
-            rows.append(_row(c, key, labels[key], by_c[c], points[SERVICE][c], metrics))
+            rps = (median_rps[key][c], median_rps[SERVICE][c])
+            rows.append(_row(c, key, labels[key], by_c[c], points[SERVICE][c], rps, metrics))
     top = max(concurrency)
     checks = []
     for key in points:
@@ -360,7 +368,8 @@ def run(opts: Options) -> Result:
         f"- {label}: left out, its venv not given (make it: `{hint}`)" for label, hint in left_out.items()
     ]
     batching = ", ".join(f"{labels[k]} {t:g} ms" for k, t in timeouts.items())
-    venvs = ", ".join(f"`{display_path(p)}`" for p in pythons.values())
+    used = {chosen[k].venv for k in chosen}
+    venvs = ", ".join(f"`{display_path(p)}`" for venv, p in pythons.items() if venv in used)
     details += [
         "",
         f"Model `{folder.name}`, its `{VARIANT}` graph `{graph}` in every server (the service with "
@@ -374,7 +383,8 @@ def run(opts: Options) -> Result:
         f"computes), {batching}. Peers run under {venvs}. One SST-2 validation sentence "
         f"per request ({len(texts)} in rotation); {rounds} round(s) of {duration:g} s per point after "
         f"{warmup:g} s of warm-up; one server at a time, each round starting and stopping each in turn (the "
-        "order reversed every other round). 'cores': CPU time of the server's whole process tree over wall time.",
+        "order reversed every other round). requests/s: the median of the rounds; p50 and p99 over every round's requests; "
+        "'CPU ms / request' and 'cores': CPU time of the server's whole process tree, per request and over wall time.",
     ]
     v2 = [chosen[k].label for k in chosen if chosen[k].protocol == "v2"]
     if v2:
@@ -388,12 +398,19 @@ def run(opts: Options) -> Result:
 
 
 def _row(
-    clients: int, key: str, label: str, p: LoadPoint, service: LoadPoint, metrics: dict[str, object]
+    clients: int,
+    key: str,
+    label: str,
+    p: LoadPoint,
+    service: LoadPoint,
+    rps: tuple[float, float],
+    metrics: dict[str, object],
 ) -> str:
-    """One server's line of the table; its figures (and a peer's ratios to the service's) into ``metrics``."""
+    """One server's line of the table; its figures (and a peer's ratios to the service's) into ``metrics``.
+    ``rps``: the server's and the service's median requests/s over the rounds."""
     cells = []
     for what, value, reference in [
-        ("rps", p.rps, service.rps),
+        ("rps", rps[0], rps[1]),
         ("p50_ms", p.p(50) * 1e3, service.p(50) * 1e3),
         ("p99_ms", p.p(99) * 1e3, service.p(99) * 1e3),
     ]:
@@ -402,8 +419,10 @@ def _row(
             metrics[f"{key}_over_service_{what.removesuffix('_ms')}_c{clients}"] = ratio(value, reference)
         cells += [f"{value:.1f}", "1" if key == SERVICE else f"{ratio(value, reference):.2f}"]
     metrics[f"{key}_errors_c{clients}"] = p.errors
+    cpu_ms = p.server_cpu_s / p.requests * 1e3 if p.requests else float("nan")
+    metrics[f"{key}_cpu_ms_per_request_c{clients}"] = cpu_ms
     cores = [cores_used(p.server_cpu_s, p.seconds), cores_used(p.client_cpu_s, p.seconds)]
-    return f"| {clients} | {label} | {' | '.join(cells)} | {p.errors} | {' | '.join(cores)} |"
+    return f"| {clients} | {label} | {' | '.join(cells)} | {p.errors} | {cpu_ms:.1f} | {' | '.join(cores)} |"
 
 
 def _agreement(reference: list[tuple[str, float]], found: list[tuple[str, float]]) -> str:
