@@ -230,18 +230,17 @@ class Compose:
             )
         return result
 
-    def start(self, *args: str, profiles: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-        """``docker compose ... ARGS`` in the background (a foreground ``run``, say), output into the log."""
+    def start(self, *args: str, profiles: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Path]:
+        """``docker compose ... ARGS`` in the background (a foreground ``run``, say); the process and the
+        file its output goes to (a file, not a pipe: nobody reads a pipe while it runs)."""
         argv = self.argv(*args, profiles=profiles)
         self.commands.append(" ".join(["docker compose", *argv[3:]]))
-        return subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self.environment(),
-            cwd=self.workdir,
-        )
+        output = self._dir / f"background-{len(self.commands)}.log"
+        with output.open("wb") as sink:
+            proc = subprocess.Popen(
+                argv, stdout=sink, stderr=subprocess.STDOUT, env=self.environment(), cwd=self.workdir
+            )
+        return proc, output
 
     def logs(self, tail: int = 60) -> str:
         result = subprocess.run(
