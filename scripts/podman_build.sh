@@ -31,8 +31,6 @@ DATA_DIR=${DATA_DIR:-../shared/data}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 # runc, not crun: this machine class mounts cgroups v1 and v2 side by side (hybrid), which crun refuses.
-# netavark (with aardvark-dns: names between containers, for the compose test), its network definitions
-# in the state too, so that `prune` (podman system reset) never removes the machine's own networks.
 # Ulimits under the sandbox's hard limits (podman's default nofile of 1048576 cannot be granted).
 # The Docker image format keeps HEALTHCHECK, which OCI's drops.
 cat > "$STATE/containers.conf" <<CONF
@@ -44,7 +42,6 @@ runtime = "runc"
 
 [network]
 network_backend = "netavark"
-network_config_dir = "$STATE/networks"
 CONF
 cat > "$STATE/storage.conf" <<CONF
 [storage]
