@@ -57,11 +57,15 @@ if [ "${1:-}" = "env" ]; then
   exit 0
 fi
 if [ "${1:-}" = "prune" ]; then
-  # podman first, so that it unmounts its overlay layers and removes its containers and networks; then
-  # whatever is left of the folder. The machine's own podman storage is never touched.
+  # podman first, so that it removes this state's containers and unmounts its overlay layers; then
+  # whatever is left of the folder. Not `podman system reset`: it also removes every podman network
+  # defined on the machine (their definitions live outside any storage), a running compose test's
+  # included. The machine's own podman storage and networks are never touched (a network a crashed
+  # compose test left stays: `podman network rm ts-compose-...`).
   before=$(du -sh "$STATE" 2>/dev/null | cut -f1)
   if command -v podman >/dev/null && [ -d "$STATE/storage" ]; then
-    podman system reset --force >/dev/null 2>&1 || echo "podman_build: podman system reset failed; removing the folder" >&2
+    podman rm --all --force --time 0 >/dev/null 2>&1 || true
+    podman rmi --all --force >/dev/null 2>&1 || echo "podman_build: podman rmi failed; removing the folder" >&2
   fi
   rm -rf "$STATE"
   echo "podman_build: removed $STATE ($before)" >&2

@@ -54,7 +54,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def images() -> None:
+def images() -> Iterator[None]:
     missing = podman.missing_tools()
     if missing:
         pytest.fail(
@@ -70,6 +70,8 @@ def images() -> None:
         f"({standins_s:.0f} s): redis:7-alpine, prom/prometheus:v3.5.0 and haproxy:2.6 are Debian 12's redis, "
         "prometheus and haproxy packages"
     )
+    yield
+    podman.podman("image", "prune", "--force", check=False, timeout=600)  # untagged layers of replaced builds
 
 
 @pytest.fixture(scope="module")
