@@ -32,7 +32,9 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
 # runc, not crun: this machine class mounts cgroups v1 and v2 side by side (hybrid), which crun refuses.
 # Ulimits under the sandbox's hard limits (podman's default nofile of 1048576 cannot be granted).
-# The Docker image format keeps HEALTHCHECK, which OCI's drops.
+# The Docker image format keeps HEALTHCHECK, which OCI's drops. netavark, with aardvark-dns: containers
+# find each other by name and alias (the compose test); its network definitions stay podman's own
+# (/etc/containers/networks): moved into this state, a restarted container broke the compose network.
 cat > "$STATE/containers.conf" <<CONF
 [containers]
 default_ulimits = ["nofile=16384:16384", "nproc=16384:16384"]
