@@ -107,15 +107,15 @@ def classify_v2_request(texts: list[str], model: str) -> RequestFn:
     path = f"/v2/models/{model}/infer"
 
     async def request(conn: HTTPConnection, i: int) -> tuple[int, dict[str, float]]:
-        body = {
-            "inputs": [
-                {"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [texts[i % len(texts)]]}
-            ]
-        }
-        response = await conn.request("POST", path, body, IDENTITY)
+        response = await conn.request("POST", path, v2_body(texts[i % len(texts)]), IDENTITY)
         return response.status, {}
 
     return request
+
+
+def v2_body(text: str) -> dict[str, object]:
+    """One text as a KServe v2 infer request: a BYTES input of shape [1, 1]."""
+    return {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
 
 
 IDENTITY = {"Accept-Encoding": "identity"}
@@ -201,8 +201,7 @@ async def _answers(
         found = []
         for text in texts:
             if protocol == "v2":
-                body = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
-                response = await conn.request("POST", f"/v2/models/{model}/infer", body, IDENTITY)
+                response = await conn.request("POST", f"/v2/models/{model}/infer", v2_body(text), IDENTITY)
                 assert response.status == 200, f"{server.command}: {response.status} {response.body[:300]!r}"
                 outputs = {o["name"]: o["data"][0] for o in response.json()["outputs"]}
                 found.append((str(outputs["label"]), float(outputs["score"])))

@@ -19,11 +19,9 @@ container ever leaves ``starting``, and ``--wait`` and ``condition: service_heal
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import importlib.util
 import json
-import os
 import socket
 import subprocess
 import tempfile
@@ -80,9 +78,8 @@ class HealthTicker(threading.Thread):
         self.project = project
         self.tick_s = tick_s
         self._stopping = threading.Event()  # not _stop: Thread has a method of that name
-        self._due: dict[
-            tuple[str, str], float
-        ] = {}  # (container id, started at) -> when the next check is due
+        # (container id, when it started) -> when its next check is due
+        self._due: dict[tuple[str, str], float] = {}
         self._interval: dict[str, float] = {}
         self._running: set[str] = set()
         self._lock = threading.Lock()
@@ -205,6 +202,12 @@ class Compose:
         environment["DOCKER_CONFIG"] = str(self._dir / "docker-config")  # never the user's ~/.docker
         return environment
 
+    def _recorded(self, args: tuple[str, ...], profiles: tuple[str, ...]) -> list[str]:
+        """The argv of ``docker compose ... ARGS``, kept in ``commands`` as a user would type it."""
+        argv = self.argv(*args, profiles=profiles)
+        self.commands.append(" ".join(["docker compose", *argv[3:]]))
+        return argv
+
     def argv(self, *args: str, profiles: tuple[str, ...] = ()) -> list[str]:
         argv = [str(compose_binary()), "--project-name", self.project]
         for file in self.files:
@@ -217,8 +220,7 @@ class Compose:
         self, *args: str, profiles: tuple[str, ...] = (), timeout: float = 900, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """``docker compose ... ARGS``; raises RuntimeError with the output's tail when ``check`` fails."""
-        argv = self.argv(*args, profiles=profiles)
-        self.commands.append(" ".join(["docker compose", *argv[3:]]))
+        argv = self._recorded(args, profiles)
         result = subprocess.run(
             argv, capture_output=True, text=True, env=self.environment(), cwd=self.workdir, timeout=timeout
         )
@@ -233,8 +235,7 @@ class Compose:
     def start(self, *args: str, profiles: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Path]:
         """``docker compose ... ARGS`` in the background (a foreground ``run``, say); the process and the
         file its output goes to (a file, not a pipe: nobody reads a pipe while it runs)."""
-        argv = self.argv(*args, profiles=profiles)
-        self.commands.append(" ".join(["docker compose", *argv[3:]]))
+        argv = self._recorded(args, profiles)
         output = self._dir / f"background-{len(self.commands)}.log"
         with output.open("wb") as sink:
             proc = subprocess.Popen(
@@ -253,13 +254,11 @@ class Compose:
         )
         return result.stdout[-12000:]
 
-    def containers(self, service: str | None = None, all_states: bool = False) -> list[dict[str, Any]]:
-        """The project's containers (``podman ps`` JSON), of one service when ``service`` is given."""
+    def containers(self, service: str | None = None) -> list[dict[str, Any]]:
+        """The project's running containers (``podman ps`` JSON), of one service when ``service`` is given."""
         args = ["ps", "--format", "json", "--filter", f"label={PROJECT_LABEL}={self.project}"]
         if service:
             args += ["--filter", f"label=com.docker.compose.service={service}"]
-        if all_states:
-            args.append("--all")
         return list(json.loads(podman.podman(*args).stdout or "[]"))
 
     def inspect(self, container: str, tries: int = 20) -> dict[str, Any]:
@@ -299,6 +298,4 @@ class Compose:
             "networks": podman.podman("network", "ls", "--filter", label, "--format", "{{.Name}}").stdout,
             "volumes": podman.podman("volume", "ls", "--filter", label, "--format", "{{.Name}}").stdout,
         }
-        with contextlib.suppress(OSError):
-            os.rmdir(self._dir / "docker-config")
         return {kind: out.split() for kind, out in found.items()}

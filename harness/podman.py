@@ -7,6 +7,7 @@ podman at that state and never at the machine's own.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -18,16 +19,20 @@ BUILD = REPO / "scripts" / "podman_build.sh"
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
 
 
+@functools.cache
+def _state() -> dict[str, str]:
+    """The build script's CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, asked once per process (the health
+    ticker runs podman every second)."""
+    out = subprocess.run([str(BUILD), "env"], capture_output=True, text=True, check=True, cwd=REPO)
+    state = dict(item.partition("=")[::2] for item in out.stdout.split()[1:])  # "export A=x B=y"
+    if not state["CONTAINERS_CONF"].startswith(str(REPO)) and "PODMAN_STATE" not in os.environ:
+        raise RuntimeError("podman_build.sh env named a containers.conf outside the repository")
+    return state
+
+
 def env() -> dict[str, str]:
     """This process's environment plus the private containers.conf and storage.conf of the build script."""
-    out = subprocess.run([str(BUILD), "env"], capture_output=True, text=True, check=True, cwd=REPO)
-    environment = dict(os.environ)
-    for item in out.stdout.split()[1:]:  # "export A=x B=y"
-        key, _, value = item.partition("=")
-        environment[key] = value
-    if not environment["CONTAINERS_CONF"].startswith(str(REPO)) and "PODMAN_STATE" not in os.environ:
-        raise RuntimeError("podman_build.sh env named a containers.conf outside the repository")
-    return environment
+    return {**os.environ, **_state()}
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
