@@ -42,8 +42,8 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     )
 
 
-def missing_tools() -> list[str]:
-    return [tool for tool in TOOLS if shutil.which(tool) is None]
+def missing_tools(*extra: str) -> list[str]:
+    return [tool for tool in (*TOOLS, *extra) if shutil.which(tool) is None]
 
 
 class BuildFailed(RuntimeError):

@@ -94,9 +94,11 @@ fi
 # `scripts/setup.sh --test-tools`: what only the test path needs (`make test`, CI), never `make serve`:
 # haproxy (tests/test_replicas.py), and podman, buildah, runc and mmdebstrap to build and run the image
 # (tests/test_image.py, scripts/podman_build.sh); netavark and aardvark-dns, podman's network stack with
-# DNS between containers, for the compose file in containers (tests/test_compose.py).
+# DNS between containers, and iptables, which netavark runs to set a network up (no package pulls it in:
+# without it, `up` fails with "netavark: No such file or directory"), for the compose file in containers
+# (tests/test_compose.py).
 if [ "${1:-}" = "--test-tools" ]; then
-  apt_install haproxy podman buildah runc mmdebstrap netavark aardvark-dns
+  apt_install haproxy podman buildah runc mmdebstrap netavark aardvark-dns iptables
   exit 0
 fi
 

@@ -55,7 +55,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def images() -> Iterator[None]:
-    missing = podman.missing_tools()
+    missing = podman.missing_tools("iptables")  # netavark sets networks up with it
     if missing:
         pytest.fail(
             f"{', '.join(missing)} missing: run `make test` (scripts/setup.sh --test-tools installs them)"
@@ -166,6 +166,13 @@ def _lb_active_servers(stack: Compose, lb: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _lb_server_events(stack: Compose, lb: str) -> str:
+    """HAProxy's log lines about the api backend's servers (checks failed or passed, DNS changes), with times."""
+    result = podman.podman("logs", "--timestamps", lb, check=False, timeout=60)
+    lines = (result.stdout + result.stderr).splitlines()
+    return "\n".join(line for line in lines if "api/api" in line and " HTTP/" not in line)[-6000:]
+
+
 def _classify_inside(stack: Compose, container: str, text: str) -> bool:
     """POST /v1/classify from inside one replica's container, on its own port: whether it was a cache hit."""
     script = (
@@ -262,10 +269,13 @@ def test_a_replica_killed_under_locust_loses_nothing_and_comes_back(stack: Compo
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         out_s = restarted_s = ready_s = back_s = None
+        rotation: list[tuple[float, int]] = []  # (seconds after the kill, servers in rotation) at each change
         while time.monotonic() - killed < KILL_RUN_S - KILL_AFTER_S - 5:
             state = stack.inspect(victim)
             now = time.monotonic() - killed
             active = _lb_active_servers(stack, lb)
+            if not rotation or rotation[-1][1] != active:
+                rotation.append((now, active))
             if out_s is None and active == 2:
                 out_s = now
             if restarted_s is None and state["RestartCount"] > restarts_before and state["State"]["Running"]:
@@ -292,10 +302,13 @@ def test_a_replica_killed_under_locust_loses_nothing_and_comes_back(stack: Compo
         f"\nSIGKILL to {victim} {KILL_AFTER_S} s into a {KILL_RUN_S} s locust run through HAProxy (8 users): "
         f"{total['Request Count']} requests, {total['Failure Count']} failed; after the kill: out of "
         f"HAProxy's rotation {_s(out_s)}, restarted by `restart: unless-stopped` {_s(restarted_s)}, its health "
-        f"check passing {_s(ready_s)}, back in rotation {_s(back_s)}"
+        f"check passing {_s(ready_s)}, back in rotation {_s(back_s)}; servers in rotation: "
+        + ", ".join(f"{count} at {at:.1f} s" for at, count in rotation)
     )
     failures = {name: row["Failure Count"] for name, row in stats.items() if row["Failure Count"] != "0"}
-    assert int(total["Request Count"]) > 0 and not failures, f"{_locust_failures(stack)}\n{output[-3000:]}"
+    assert int(total["Request Count"]) > 0 and not failures, (
+        f"{_locust_failures(stack)}\n{output[-3000:]}\nHAProxy's server events:\n{_lb_server_events(stack, lb)}"
+    )
     assert run.returncode == 0, output[-3000:]
     assert restarted_s is not None, f"not restarted by its `restart:` policy:\n{stack.logs()}"
     assert out_s is not None and back_s is not None and back_s > out_s, (out_s, back_s)
