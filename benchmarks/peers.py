@@ -38,9 +38,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import statistics
+import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmarks/peers.py` anywhere
@@ -49,15 +54,17 @@ from benchmarks.batching import classify_request
 from benchmarks.cli import main
 from benchmarks.data import sentiment_texts
 from benchmarks.load import BYPASS_CACHE, LoadPoint, RequestFn, closed_loop, merge_points
-from benchmarks.options import BENCH_DIR, Options
+from benchmarks.options import BENCH_DIR, ROOT, Options
 from benchmarks.repository import find_model, subset_repository
 from benchmarks.results import Check, Result, cores_used, display_path
 from benchmarks.server import benchmark_server, providers
 from harness.event_loop import run_async
 from harness.http_client import HTTPConnection
 from harness.ports import free_port_outside_ephemeral
+from harness.processes import ThreadCPU, thread_cpu
 from harness.service_process import ServiceNotReady, ServiceProcess
 from harness.stats import ratio
+from service.engine.instances import threads_each
 
 NAME = "peers"
 TITLE = "(i) Peers: the fused bert-classifier behind LitServe, Ray Serve, Triton and MLServer vs this service"
@@ -79,6 +86,7 @@ class Peer:
     venv: str = "peers"  # which venv's python runs it: --peers-python, or --<venv>-python
     protocol: str = "classify"  # what a request is: the service's POST /v1/classify, or "v2" (KServe v2)
     ready_path: str = "/health/ready"  # {model}: the model folder's name
+    env: tuple[tuple[str, str], ...] = ()  # more of the peer's environment (its instances)
 
 
 PEERS = {
@@ -148,6 +156,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"the service serves the variant it chooses by default (int8 where it pays), not {VARIANT}; "
         f"the peers keep the {VARIANT} file",
+    )
+    parser.add_argument(
+        "--profile-threads",
+        type=int,
+        default=None,
+        metavar="CLIENTS",
+        help="at this many clients, in the first round, read every server thread's CPU time before and "
+        "after the point, and list where each server's CPU went, thread by thread",
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        nargs="+",
+        default=None,
+        help="also run the service with MODEL_INSTANCES=N, and Triton with N instances (TRITON_INSTANCES), "
+        "the intra-op threads split between them as the service splits them, for each N > 1 given",
     )
     parser.add_argument(
         "--duration", type=float, default=None, help="seconds per point (default 4, quick 0.5)"
@@ -242,20 +266,40 @@ def run(opts: Options) -> Result:
             timeouts[peer.key] = peer.batch_timeout_ms if given is None else given
     texts = sentiment_texts()
     sample = texts[:AGREEMENT_TEXTS]
+    # MODEL_INSTANCES=N: the service, and Triton's instance_group, with N sessions of the model
+    service_runs: dict[str, dict[str, str]] = {SERVICE: {}}
+    for n in sorted({n for n in opts.extra.get("instances") or [] if n > 1}):
+        service_runs[f"{SERVICE}_i{n}"] = {"MODEL_INSTANCES": str(n)}
+        if "triton" in chosen:  # as the service's instances: the intra-op threads split between them
+            extra = (("TRITON_INSTANCES", str(n)), ("INTRA_OP_THREADS", str(threads_each(opts.threads, n))))
+            chosen[f"triton_i{n}"] = replace(
+                chosen["triton"], key=f"triton_i{n}", label=f"Triton, {n} instances", env=extra
+            )
+            timeouts[f"triton_i{n}"] = timeouts["triton"]
+    labels = {
+        SERVICE: "this service",
+        **{
+            key: f"this service, {key.rsplit('_i', 1)[1]} instances" for key in service_runs if key != SERVICE
+        },
+        **{key: p.label for key, p in chosen.items()},
+    }
     requests = {
         key: classify_v2_request(texts, folder.name)
         if key in chosen and chosen[key].protocol == "v2"
         else classify_request(texts)
-        for key in [SERVICE, *chosen]
+        for key in [*service_runs, *chosen]
     }
-    labels = {SERVICE: "this service", **{key: p.label for key, p in chosen.items()}}
     service_env = {"MODEL_VARIANT": VARIANT, "MAX_BATCH_SIZE": str(max_batch)}
     as_shipped = bool(opts.extra.get("as_shipped"))
     served_variant = VARIANT
 
     def server_for(key: str, repo: Path) -> ServiceProcess:
-        if key == SERVICE:
-            env: dict[str, str | None] = {**service_env, "MODEL_VARIANT": None if as_shipped else VARIANT}
+        if key in service_runs:
+            env: dict[str, str | None] = {
+                **service_env,
+                "MODEL_VARIANT": None if as_shipped else VARIANT,
+                **service_runs[key],
+            }
             return benchmark_server(repo, opts, env=env, cpu_of_tree=True)
         peer = chosen[key]
         env = {
@@ -265,6 +309,7 @@ def run(opts: Options) -> Result:
             "PEER_GRPC_PORT": str(free_port_outside_ephemeral()),
             "PEER_METRICS_PORT": str(free_port_outside_ephemeral()),
             **service_env,
+            **dict(peer.env),
         }
         command = [str(pythons[peer.venv]), str(BENCH_DIR / "peer_servers" / peer.script)]
         # Ray binds a dozen ports the OS picks after start-up: ours must not be one the OS could pick.
@@ -280,6 +325,8 @@ def run(opts: Options) -> Result:
         )
 
     runs: dict[str, dict[int, list[LoadPoint]]] = {key: {c: [] for c in concurrency} for key in labels}
+    profile_at: int | None = opts.extra.get("profile_threads")
+    profiles: dict[str, list[tuple[str, float]]] = {}  # server -> (thread, CPU seconds) over the point
     ready: dict[str, list[float]] = {key: [] for key in labels}
     context: dict[str, str] = {}
     answers: dict[str, list[tuple[str, float]]] = {}
@@ -311,7 +358,12 @@ def run(opts: Options) -> Result:
                     answers.setdefault(key, run_async(_answers(server, sample, protocol, folder.name)))
                     for c in concurrency:
                         point = closed_loop(server, c, requests[key], duration_s=duration, warmup_s=warmup)
-                        runs[key][c].append(run_async(point))
+                        if r == 0 and c == profile_at and server.proc is not None:
+                            measured, by_thread = profile_threads(server.proc.pid, partial(run_async, point))
+                            runs[key][c].append(measured)
+                            profiles[key] = by_thread
+                        else:
+                            runs[key][c].append(run_async(point))
                 finally:
                     server.close()
     points = {
@@ -363,6 +415,19 @@ def run(opts: Options) -> Result:
     details += [
         f"- {labels[key]} **did not start**: {_first_lines(error)}" for key, error in not_started.items()
     ]
+    if profiles and profile_at is not None:
+        details += ["", f"Thread by thread at {profile_at} clients (round 1), CPU ms per request:", ""]
+        for key, by_thread in profiles.items():
+            # The readings span the warm-up too: each thread's share of them, times the point's own CPU.
+            measured = runs[key][profile_at][0]
+            total = sum(seconds for _, seconds in by_thread) or 1.0
+            cpu = measured.server_cpu_s if not math.isnan(measured.server_cpu_s) else total
+            per_request = cpu / max(measured.requests, 1)
+            cells = ", ".join(
+                f"{name} {1e3 * per_request * seconds / total:.1f} ({100 * seconds / total:.0f}%)"
+                for name, seconds in by_thread[:8]
+            )
+            details.append(f"- {labels[key]}: {cells}")
     details += [
         f"- {label}: left out, its venv not given (make it: `{hint}`)" for label, hint in left_out.items()
     ]
@@ -394,6 +459,41 @@ def run(opts: Options) -> Result:
             "shape [1, 1], `Accept-Encoding: identity`): the same texts, a JSON answer each."
         )
     return Result(NAME, TITLE, metrics, checks, details, {"provider": provider})
+
+
+def profile_threads(pid: int, measure: Callable[[], LoadPoint]) -> tuple[LoadPoint, list[tuple[str, float]]]:
+    """``measure()`` with the CPU time of every thread of the server's process tree read before and after;
+    the threads named as their Python names them (``py-spy dump``, where it is installed: the peers'
+    venv has it) or by their own name, ``native`` for the threads no Python code runs on (ONNX Runtime's
+    pool, a C++ server's). Returns the point and (thread, CPU seconds) by CPU, highest first."""
+    before = thread_cpu(pid)
+    point = measure()
+    after = thread_cpu(pid)
+    names = _python_thread_names(after)
+    spent: dict[str, float] = {}
+    for tid, thread in after.items():
+        seconds = thread.seconds - (before[tid].seconds if tid in before else 0.0)
+        if seconds > 0:
+            name = f"{thread.process}: {names.get(tid) or ('native ' + thread.thread if thread.thread == thread.process else thread.thread)}"
+            spent[name] = spent.get(name, 0.0) + seconds
+    return point, sorted(spent.items(), key=lambda item: -item[1])
+
+
+def _python_thread_names(threads: dict[int, ThreadCPU]) -> dict[int, str]:
+    """Thread id -> Python thread name, for the Python processes among ``threads`` (py-spy's dump)."""
+    spy = shutil.which("py-spy") or str(ROOT / ".venv-peers" / "bin" / "py-spy")
+    names: dict[int, str] = {}
+    for pid in {t.pid for t in threads.values()}:
+        try:
+            dumped = subprocess.run(
+                [spy, "dump", "--json", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+            )
+            for thread in json.loads(dumped.stdout or "[]"):
+                if thread.get("os_thread_id"):
+                    names[int(thread["os_thread_id"])] = str(thread.get("thread_name") or "python thread")
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            continue  # not a Python process, or no py-spy
+    return names
 
 
 def _row(

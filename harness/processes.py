@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,62 @@ def process_cpu_seconds(pid: int) -> float:
 
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (which may hold spaces), or None when gone."""
+    return _stat_fields_of(Path(f"/proc/{pid}/stat"))
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants alive now (empty when ``pid`` is gone)."""
+    children: dict[int, list[int]] = {}
+    alive = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
+            alive.add(int(entry.name))
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    if pid not in alive:
+        return []
+    tree, frontier = [pid], [pid]
+    while frontier:
+        found = children.get(frontier.pop(), [])
+        tree += found
+        frontier += found
+    return tree
+
+
+def _name(path: Path) -> str:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        return (path / "comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+@dataclass(frozen=True)
+class ThreadCPU:
+    pid: int
+    process: str  # the process's name (comm)
+    thread: str  # the thread's own name (comm): a Python thread's is its process's
+    seconds: float  # user + system CPU time so far
+
+
+def thread_cpu(pid: int) -> dict[int, ThreadCPU]:
+    """Every thread of a process tree by thread id, with its CPU time so far: where a server's cores go,
+    thread by thread (diff two readings; a thread that ended in between is not counted)."""
+    found: dict[int, ThreadCPU] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for process in _tree(pid):
+        proc = Path(f"/proc/{process}")
+        owner = _name(proc)
+        with contextlib.suppress(OSError):
+            for task in (proc / "task").iterdir():
+                fields = _stat_fields_of(task / "stat")
+                if fields is not None:
+                    seconds = (int(fields[11]) + int(fields[12])) / tick
+                    found[int(task.name)] = ThreadCPU(process, owner, _name(task), seconds)
+    return found
+
+
+def _stat_fields_of(path: Path) -> list[str] | None:
+    try:
+        fields = path.read_text().rsplit(")", 1)[-1].split()
     except OSError:
         return None
     return fields if len(fields) >= 15 else None

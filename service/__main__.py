@@ -25,9 +25,11 @@ from service.settings import SHARED_POOL_FLAG, Settings
 
 def main() -> None:
     settings = Settings()
-    if settings.ort_thread_pool == "shared" and settings.intra_op_spinning:
+    if settings.ort_thread_pool == "shared" and settings.intra_op_spinning and settings.model_instances == 1:
         # This process owns ONNX Runtime: one thread pool for all its sessions (service.engine.runtime).
         # uvicorn's worker processes (WORKERS > 1) inherit the environment and do the same in create_app.
+        # Several instances of a model need pools of their own, each its share of the threads (ONNX
+        # Runtime refuses sessions with their own pool once its global one exists).
         os.environ[SHARED_POOL_FLAG] = "1"
     made_dir = None
     if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

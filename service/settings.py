@@ -113,6 +113,15 @@ class Settings(BaseSettings):
         "copies the past into a new tensor every step (the exported graphs' own way; always on CUDA)",
     )
     inter_op_threads: int = Field(default=1, ge=0)
+    model_instances: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Instances of each batched model (every task but text-generation): N sessions of each "
+        "graph, INTRA_OP_THREADS split between them (0: the cores), and N batches computed at once, as "
+        "Triton's instance_group; each holds its own copy of the weights. Above 1, every session of the "
+        "process has its own thread pool (ORT_THREAD_POOL=shared is off)",
+    )
     ort_thread_pool: Literal["shared", "per-session"] = Field(
         default="shared",
         description="python -m service: every ONNX Runtime session of the process shares one intra-op "

@@ -8,6 +8,7 @@ contents and order, never on durations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -580,3 +581,95 @@ def test_a_more_urgent_request_takes_a_place_a_less_urgent_one_reserved_before_q
 
     run(model, policy(max_queue_size=2), body)
     assert model.seen() == ["first", "high item"]
+
+
+# --- instances (MODEL_INSTANCES) --------------------------------------------------------
+
+
+class InstanceRecorder:
+    """run_batch for a batcher with instances: records which instance ran each call, and how many calls
+    were inside it at once; each call waits (up to 10 s) until ``together`` calls are inside."""
+
+    def __init__(self, together: int) -> None:
+        self.barrier = threading.Barrier(together)
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most_inside = 0
+        self.instances: list[int] = []
+
+    def __call__(self, items: list[Item]) -> Sequence[Any]:
+        from service.engine import instances
+
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.instances.append(instances.current())
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.barrier.wait(timeout=10)
+        with self.lock:
+            self.inside -= 1
+        return [FakeModel.answer(item) for item in items]
+
+
+def test_with_two_instances_two_batches_run_at_once_each_on_its_own_instance() -> None:
+    recorder = InstanceRecorder(together=2)
+
+    async def main() -> list[Any]:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher(
+            "fake", policy(max_batch_size=1, max_queue_delay_ms=0), recorder, instances=2
+        )
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit((f"i{n}", 1), 1) for n in range(6)))
+        finally:
+            await batcher.stop(drain=True, timeout_s=5)
+
+    answers = asyncio.run(main())
+    assert answers == [f"out:i{n}" for n in range(6)]
+    assert recorder.most_inside == 2  # the barrier let no call through alone: pairs ran together
+    assert sorted(set(recorder.instances)) == [0, 1]
+    assert not recorder.barrier.broken
+
+
+def test_with_one_instance_batches_never_overlap() -> None:
+    recorder = InstanceRecorder(together=1)
+
+    async def main() -> list[Any]:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher(
+            "fake", policy(max_batch_size=1, max_queue_delay_ms=0), recorder
+        )
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit((f"i{n}", 1), 1) for n in range(6)))
+        finally:
+            await batcher.stop(drain=True, timeout_s=5)
+
+    assert asyncio.run(main()) == [f"out:i{n}" for n in range(6)]
+    assert recorder.most_inside == 1 and set(recorder.instances) == {0}
+
+
+def test_stop_past_its_deadline_fails_every_batch_in_flight_on_every_instance() -> None:
+    gate = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def stuck(items: list[Item]) -> Sequence[Any]:
+        entered.release()
+        gate.wait(timeout=10)
+        return [FakeModel.answer(item) for item in items]
+
+    async def main() -> list[Any]:
+        batcher: DynamicBatcher[Item, Any] = DynamicBatcher(
+            "fake", policy(max_batch_size=1, max_queue_delay_ms=0), stuck, instances=2
+        )
+        await batcher.start()
+        tasks = [asyncio.create_task(batcher.submit((f"i{n}", 1), 1)) for n in range(2)]
+        for _ in range(2):
+            assert await asyncio.to_thread(entered.acquire, True, 10)
+        try:
+            await batcher.stop(drain=True, timeout_s=0.2)
+            return await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            gate.set()
+
+    results = asyncio.run(main())
+    assert len(results) == 2 and all(isinstance(r, BatcherClosedError) for r in results), results

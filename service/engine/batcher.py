@@ -164,8 +164,9 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     """Queue + batching task for one model.
 
     ``run_batch`` is blocking and returns one result or exception per item, in order. It
-    runs on the worker's single-thread executor, so one model never runs two batches at
-    once, and a slow model does not starve another model's batcher.
+    runs on the worker's executor: one thread, so one model never runs two batches at
+    once, and a slow model does not starve another model's batcher; with ``instances`` > 1,
+    one thread per instance, each running its own sessions (``service.engine.instances``).
     """
 
     kind = "batcher"
@@ -177,10 +178,18 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         run_batch: Callable[[list[In]], Sequence[Out | BaseException]],
         observer: BatcherObserver | None = None,
         span_attributes: Mapping[str, str] | None = None,
+        instances: int = 1,
     ) -> None:
         self._observer: BatcherObserver = with_defaults(observer, NullObserver)
         self._span_attributes = dict(span_attributes or {})  # the model's, on each batch span
-        super().__init__(name, policy.max_queue_size, policy.max_batch_size, self._observer.on_reject)
+        super().__init__(
+            name,
+            policy.max_queue_size,
+            policy.max_batch_size,
+            self._observer.on_reject,
+            compute_threads=instances,
+        )
+        self._in_flight = 0  # items in the batches being computed
         self.policy = policy
         self._run_batch = run_batch
         self._queue: scheduling.PriorityQueue[_Entry[In, Out]] = scheduling.PriorityQueue(
@@ -286,15 +295,39 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     # --- batching task -----------------------------------------------------------------
 
     async def _run(self) -> None:
-        while await self._wait_for_batch():
-            batch = self._take_batch()
-            if not batch:
-                continue
-            try:
-                await self._execute(batch)
-            except Exception as exc:  # a bug here must not stop the model from serving
-                log.exception("batcher %s: unexpected error while running a batch", self.name)
-                self._fail(batch, EngineError(f"internal batching error: {exc!r}"))
+        """Form a batch whenever an instance is free: one at a time with one instance, else up to one per
+        instance at once. A batch is formed only when it can start, from whatever waits by then."""
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                if len(running) >= self.compute_threads:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                if not await self._wait_for_batch():
+                    break
+                batch = self._take_batch()
+                if not batch:
+                    continue
+                if self.compute_threads == 1:
+                    await self._execute_guarded(batch)
+                    continue
+                task = asyncio.get_running_loop().create_task(self._execute_guarded(batch))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(running)
+        finally:  # cancelled by stop() past its deadline: so are the batches in flight, which fail theirs
+            for task in list(running):
+                task.cancel()
+            if running:
+                await asyncio.wait(running)
+
+    async def _execute_guarded(self, batch: list[_Entry[In, Out]]) -> None:
+        try:
+            await self._execute(batch)
+        except Exception as exc:  # a bug here must not stop the model from serving
+            log.exception("batcher %s: unexpected error while running a batch", self.name)
+            self._fail(batch, EngineError(f"internal batching error: {exc!r}"))
 
     async def _wait_for_batch(self) -> bool:
         """Wait until a batch is worth forming; False once closed with nothing left to do."""
@@ -360,7 +393,8 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         it is done, so short items do not wait for the long sub-batches after them.
         """
         started = time.monotonic()
-        self._observer.on_in_flight(len(batch))
+        self._in_flight += len(batch)
+        self._observer.on_in_flight(self._in_flight)
         subs = split_by_length(batch, lambda e: e.cost, self.policy.split_ratio, self.policy.split_min_tokens)
         try:
             await self.in_compute_thread(self._compute, asyncio.get_running_loop(), subs)
@@ -368,7 +402,8 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
             self._fail(batch, BatcherClosedError(self.name, "stopped before the batch finished"))
             raise
         finally:
-            self._observer.on_in_flight(0)
+            self._in_flight -= len(batch)
+            self._observer.on_in_flight(self._in_flight)
         self._record(time.monotonic() - started)
 
     def _compute(self, loop: asyncio.AbstractEventLoop, subs: list[list[_Entry[In, Out]]]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import instances
 from .kv_cache import CacheLayout, KVBuffer, KVCache, positions_from_mask, to_host
 from .manifest import Manifest, required
 from .runtime import Graph, ort
@@ -88,7 +89,8 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
     logits_name = graph.output_names[0]
     vocab = graph.session.get_outputs()[0].shape[-1]
     element = layout.dtype.type
-    bound: dict[str, Any] = {"key": None, "binding": None, "arrays": None}
+    # One binding per instance (MODEL_INSTANCES: each compute thread runs its own session, on its own rows).
+    bound_by_instance: dict[int, dict[str, Any]] = {}
 
     def bind_array(binding: Any, name: str, array: np.ndarray, output: bool = False) -> np.ndarray:
         bind = binding.bind_output if output else binding.bind_input
@@ -99,6 +101,9 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
         # The very arrays bound (held here, so that no new array can take a freed one's address) and the
         # rows: cheaper to compare than addresses, which numpy makes a ctypes object for each time.
         key = (buffer.rows, *buffer.buffers)
+        bound = bound_by_instance.setdefault(
+            instances.current(), {"key": None, "binding": None, "arrays": None}
+        )
         held = bound["key"]
         if (
             held is not None

@@ -35,6 +35,10 @@ from .versions import VersionFolder, VersionPolicyError, policy_of, version_fold
 
 log = logging.getLogger(__name__)
 
+# Tasks whose engine runs one loop over one set of sessions (continuous batching): MODEL_INSTANCES does not
+# apply, and extra sessions would only hold memory.
+SINGLE_INSTANCE_TASKS = frozenset({"text-generation"})
+
 
 class ModelLoadError(Exception):
     pass
@@ -71,6 +75,11 @@ class LoadedModel:
     @property
     def version(self) -> str:
         return self.manifest.version
+
+    @property
+    def instances(self) -> int:
+        """Sessions per graph (MODEL_INSTANCES; 1 for a task that runs one loop, ``SINGLE_INSTANCE_TASKS``)."""
+        return min(graph.instances for graph in self.graphs.values())
 
     @cached_property
     def request_span_attributes(self) -> dict[str, str]:
@@ -168,7 +177,7 @@ def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions
     spec = manifest.attention_maps
     if spec is None:
         return None
-    return _open_graph(model_dir, spec.file, dataclasses.replace(options, device="cpu"), spec)
+    return _open_graph(model_dir, spec.file, dataclasses.replace(options, device="cpu", instances=1), spec)
 
 
 def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
@@ -185,6 +194,8 @@ def load_model(
         model_dir = version.path
     manifest = read_manifest(model_dir)
     verify_files(model_dir, manifest, check_hashes)
+    if manifest.task in SINGLE_INSTANCE_TASKS and options.instances != 1:
+        options = dataclasses.replace(options, instances=1)
     device = expected_device(options)
     variant = choose_variant(manifest, device, options.variant)
     graphs = _open_graphs(model_dir, manifest, variant, options)

@@ -10,6 +10,7 @@ CUDA).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import instances
 from .errors import SessionFreedError
 from .variants import ServingDevice, VariantChoice
 
@@ -41,6 +43,9 @@ class RuntimeOptions:
     variant: VariantChoice = "auto"  # which copy of the graphs (service.engine.variants)
     spinning: bool = True  # ONNX Runtime's default: idle intra-op threads spin before they sleep
     kv_cache: Literal["inplace", "concat"] = "inplace"  # decoders on CPU (service.engine.kv_cache)
+    instances: int = (
+        1  # sessions per graph, the intra-op threads split between them (service.engine.instances)
+    )
 
 
 _shared_pool = False  # set once per process by use_shared_thread_pool
@@ -156,29 +161,51 @@ def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
     return session
 
 
+def _instance_options(options: RuntimeOptions) -> RuntimeOptions:
+    """Each instance's options when there are several: its share of INTRA_OP_THREADS (0: every core the
+    process may use), at least one. Measured on 2 cores (benchmarks/README.md, "Model instances"): two
+    instances of one thread each served 1.16-1.30x as many requests at 8 and 32 clients as one session
+    on both cores, and a lone request 0.67x as fast; every thread to each instance (idle ones sleeping)
+    paid less under load (0.95-1.05x, and 0.78x with them spinning)."""
+    if options.instances <= 1:
+        return options
+    return dataclasses.replace(
+        options, intra_op_threads=instances.threads_each(options.intra_op_threads, options.instances)
+    )
+
+
 class Graph:
-    """One ONNX graph and the provider it actually runs on."""
+    """One ONNX graph and the provider it actually runs on: one session, or one per instance
+    (``RuntimeOptions.instances``), each compute thread running its own (``service.engine.instances``)."""
 
     def __init__(self, path: Path, options: RuntimeOptions) -> None:
         self.path = path
-        self._session: ort.InferenceSession | None = create_session(path, options)
+        each = _instance_options(options)
+        self._sessions: list[ort.InferenceSession] | None = [
+            create_session(path, each) for _ in range(max(1, options.instances))
+        ]
         self.provider = self.session.get_providers()[0]
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     @property
     def session(self) -> ort.InferenceSession:
-        if self._session is None:
+        """The session of the instance the calling thread runs."""
+        if self._sessions is None:
             raise SessionFreedError(self.path.name)
-        return self._session
+        return self._sessions[instances.current() % len(self._sessions)]
+
+    @property
+    def instances(self) -> int:
+        return len(self._sessions) if self._sessions is not None else 0
 
     @property
     def freed(self) -> bool:
-        return self._session is None
+        return self._sessions is None
 
     def free(self) -> None:
-        """Drop the session (its memory goes with the last reference); running it afterwards raises."""
-        self._session = None
+        """Drop the sessions (their memory goes with the last reference); running one afterwards raises."""
+        self._sessions = None
 
     @property
     def on_cuda(self) -> bool:

@@ -1,10 +1,11 @@
-"""What both engines share: one loop task and one compute thread per model, a bounded queue, a deadline to stop.
+"""What both engines share: one loop task and its compute threads per model, a bounded queue, a deadline to stop.
 
 ``DynamicBatcher`` (encoders, the translator) and ``GenerationEngine`` (GPT)
 differ in what they queue and how they turn the queue into model calls; they
 start, admit (a request's ``Permit``, taken once), refuse, estimate Retry-After and stop the same way, here. Every
-model call runs in the worker's own single-thread executor, so one model never
-runs two calls at once and the event loop stays free while ONNX Runtime works.
+model call runs in the worker's own executor, so the event loop stays free while ONNX Runtime works: one
+thread, so one model never runs two calls at once, unless the model has several instances
+(``MODEL_INSTANCES``, ``service.engine.instances``): then one thread per instance, each on its own sessions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import scheduling
+from . import instances, scheduling
 from .errors import BatcherClosedError, QueueFullError
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,21 @@ class ModelWorker(ABC):
 
     kind = "worker"
 
-    def __init__(self, name: str, max_queue_size: int, per_round: int, on_reject: Callable[[str], None]):
+    def __init__(
+        self,
+        name: str,
+        max_queue_size: int,
+        per_round: int,
+        on_reject: Callable[[str], None],
+        compute_threads: int = 1,
+    ):
         assert max_queue_size >= 1, "max_queue_size must be at least 1"
         assert per_round >= 1, "per_round must be at least 1"
+        assert compute_threads >= 1, "compute_threads must be at least 1"
         self.name = name
+        self.compute_threads = (
+            compute_threads  # model calls at once: one per instance (service.engine.instances)
+        )
         self.max_queue_size = max_queue_size
         self._per_round = per_round  # queued items one unit of work takes (batch size, running sequences)
         self._on_reject = on_reject
@@ -151,7 +163,9 @@ class ModelWorker(ABC):
         if self._worker is not None:
             return
         label = f"{self.kind}-{self.name}"
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=label)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.compute_threads, thread_name_prefix=label, initializer=instances.binder()
+        )
         self._worker = asyncio.get_running_loop().create_task(self._run(), name=label)
 
     def check_open(self) -> None:
@@ -201,7 +215,7 @@ class ModelWorker(ABC):
 
     def retry_after_s(self) -> int:
         """Whole seconds until a place likely frees: rounds of work ahead x recent round time, >= 1."""
-        rounds_ahead = math.ceil((self.waiting + 1) / self._per_round)
+        rounds_ahead = math.ceil((self.waiting + 1) / (self._per_round * self.compute_threads))
         return max(1, math.ceil(rounds_ahead * self._avg_unit_s))
 
     async def stop(self, drain: bool = True, timeout_s: float = 30.0) -> None:

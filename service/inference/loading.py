@@ -42,6 +42,7 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         variant=settings.model_variant,
         spinning=settings.intra_op_spinning,
         kv_cache=settings.kv_cache,
+        instances=settings.model_instances,
     )
 
 

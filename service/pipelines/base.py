@@ -137,7 +137,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     ) -> None:
         super().__init__(model)
         self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(
-            model.name, policy, self.run_batch, observer, model.span_attributes
+            model.name, policy, self.run_batch, observer, model.span_attributes, instances=model.instances
         )
         self.attention_maps = AttentionMaps(model)
 
