@@ -4,6 +4,7 @@ thread on its own, the same answers from every instance, and one instance for a 
 from __future__ import annotations
 
 import asyncio
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,11 +51,13 @@ def test_every_instance_gives_the_same_answers_as_one_session(tiny_models: Path)
     ids = [e.ids for e in one.encode(TEXTS)]
     reference = np.stack(one.run_batch(ids))
 
+    together = threading.Barrier(2)  # the pairs of calls meet: no thread can take both of a pair
+
     def on_own_instance(_: int) -> tuple[int, np.ndarray]:
+        together.wait(timeout=30)
         return instances.current(), np.stack(two.run_batch(ids))
 
     with ThreadPoolExecutor(max_workers=2, initializer=instances.binder()) as pool:
-        # Two at once, so both threads start and each answers on its own instance.
         answers = list(pool.map(on_own_instance, range(8)))
     assert {index for index, _ in answers} == {0, 1}
     for _, logits in answers:
