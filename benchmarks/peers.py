@@ -474,9 +474,14 @@ def profile_threads(pid: int, measure: Callable[[], LoadPoint]) -> tuple[LoadPoi
     for tid, thread in after.items():
         seconds = thread.seconds - (before[tid].seconds if tid in before else 0.0)
         if seconds > 0:
-            name = f"{thread.process}: {names.get(tid) or ('native ' + thread.thread if thread.thread == thread.process else thread.thread)}"
+            name = f"{thread.process}: {names.get(tid) or _native_name(thread)}"
             spent[name] = spent.get(name, 0.0) + seconds
     return point, sorted(spent.items(), key=lambda item: -item[1])
+
+
+def _native_name(thread: ThreadCPU) -> str:
+    """A thread no Python code names: its own name, or ``native`` when it only has its process's."""
+    return f"native {thread.thread}" if thread.thread == thread.process else thread.thread
 
 
 def _python_thread_names(threads: dict[int, ThreadCPU]) -> dict[int, str]:

@@ -64,16 +64,22 @@ def _stat_fields(pid: int) -> list[str] | None:
     return _stat_fields_of(Path(f"/proc/{pid}/stat"))
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants alive now (empty when ``pid`` is gone)."""
-    children: dict[int, list[int]] = {}
-    alive = set()
+def _all_stats() -> dict[int, list[str]]:
+    """Every live process's /proc/PID/stat fields (after its name), by pid."""
+    stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
-            alive.add(int(entry.name))
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    if pid not in alive:
+            stats[int(entry.name)] = fields
+    return stats
+
+
+def _tree(pid: int, stats: dict[int, list[str]]) -> list[int]:
+    """``pid`` and its descendants among ``stats`` (empty when ``pid`` is gone)."""
+    if pid not in stats:
         return []
+    children: dict[int, list[int]] = {}
+    for process, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(process)
     tree, frontier = [pid], [pid]
     while frontier:
         found = children.get(frontier.pop(), [])
@@ -102,7 +108,7 @@ def thread_cpu(pid: int) -> dict[int, ThreadCPU]:
     thread by thread (diff two readings; a thread that ended in between is not counted)."""
     found: dict[int, ThreadCPU] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for process in _tree(pid):
+    for process in _tree(pid, _all_stats()):
         proc = Path(f"/proc/{process}")
         owner = _name(proc)
         with contextlib.suppress(OSError):
@@ -128,20 +134,9 @@ def process_tree_cpu_seconds(pid: int) -> float:
     For servers that do their work in other processes than the one started: LitServe's inference
     worker, Ray's raylet, proxy and replicas. NaN when ``pid`` itself is gone.
     """
-    children: dict[int, list[int]] = {}
-    times: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None:  # utime, stime, cutime, cstime: ticks, reaped children's included
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            times[int(entry.name)] = sum(int(f) for f in fields[11:15])
-    if pid not in times:
+    stats = _all_stats()
+    tree = _tree(pid, stats)
+    if not tree:
         return math.nan
-    tree, frontier = [pid], [pid]
-    while frontier:
-        found = children.get(frontier.pop(), [])
-        tree += found
-        frontier += found
-    return sum(times[p] for p in tree) / os.sysconf("SC_CLK_TCK")
+    # utime, stime, cutime, cstime: ticks, reaped children's included
+    return sum(sum(int(f) for f in stats[p][11:15]) for p in tree) / os.sysconf("SC_CLK_TCK")

@@ -101,9 +101,9 @@ def inplace_step(graph: Graph, layout: CacheLayout) -> InPlaceStepFn:
         # The very arrays bound (held here, so that no new array can take a freed one's address) and the
         # rows: cheaper to compare than addresses, which numpy makes a ctypes object for each time.
         key = (buffer.rows, *buffer.buffers)
-        bound = bound_by_instance.setdefault(
-            instances.current(), {"key": None, "binding": None, "arrays": None}
-        )
+        bound = bound_by_instance.get(instances.current())
+        if bound is None:  # this instance's first step
+            bound = bound_by_instance[instances.current()] = {"key": None, "binding": None, "arrays": None}
         held = bound["key"]
         if (
             held is not None

@@ -1,10 +1,10 @@
 """Which of a model's instances the current compute thread runs (``MODEL_INSTANCES``).
 
 With N instances, each graph of a batched model has N ONNX Runtime sessions, the intra-op threads split
-between them (``runtime._instance_options``), and the model's batcher N compute threads that run N batches
-at once: thread i runs session i, as Triton's ``instance_group`` does on CPU. The thread's index is set once, when the batcher's executor
-starts the thread (``binder``); ``Graph.session`` reads it. A thread no batcher started (the event loop,
-a benchmark, a test) runs instance 0.
+between them (``runtime._instance_options``), and the model's batcher N compute threads that run N
+batches at once: thread i runs session i, as Triton's ``instance_group`` does on CPU. The thread's index
+is set once, when the batcher's executor starts the thread (``binder``); ``Graph.session`` reads it. A
+thread no batcher started (the event loop, a benchmark, a test) runs instance 0.
 """
 
 from __future__ import annotations

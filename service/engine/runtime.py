@@ -43,9 +43,8 @@ class RuntimeOptions:
     variant: VariantChoice = "auto"  # which copy of the graphs (service.engine.variants)
     spinning: bool = True  # ONNX Runtime's default: idle intra-op threads spin before they sleep
     kv_cache: Literal["inplace", "concat"] = "inplace"  # decoders on CPU (service.engine.kv_cache)
-    instances: int = (
-        1  # sessions per graph, the intra-op threads split between them (service.engine.instances)
-    )
+    # sessions per graph, the intra-op threads split between them (service.engine.instances)
+    instances: int = 1
 
 
 _shared_pool = False  # set once per process by use_shared_thread_pool
@@ -164,7 +163,7 @@ def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
 def _instance_options(options: RuntimeOptions) -> RuntimeOptions:
     """Each instance's options when there are several: its share of INTRA_OP_THREADS (0: every core the
     process may use), at least one. Measured on 2 cores (benchmarks/README.md, "Model instances"): two
-    instances of one thread each served 1.16-1.30x as many requests at 8 and 32 clients as one session
+    instances of one thread each served 1.15-1.30x as many requests at 8 and 32 clients as one session
     on both cores, and a lone request 0.67x as fast; every thread to each instance (idle ones sleeping)
     paid less under load (0.95-1.05x, and 0.78x with them spinning)."""
     if options.instances <= 1:
