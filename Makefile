@@ -4,7 +4,7 @@ MODELS ?= models
 PY := .venv/bin/python
 export ORT_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test-fast test-deploy test-tools image models serve test lint format eval clean-models clean-podman loadtest bench bench-peers soak lock audit
+.PHONY: setup test-fast test-deploy test-tools image models serve test lint format eval clean-models clean-podman loadtest bench bench-request-path bench-peers soak lock audit
 
 setup:
 	./scripts/setup.sh
@@ -69,6 +69,11 @@ loadtest: setup
 # Every benchmark, side by side, appended to benchmarks/RESULTS.md (about 18 minutes on 2 cores).
 bench: setup
 	$(PY) benchmarks/run_all.py --models $(MODELS) --json benchmarks/latest.json
+
+# The request path alone: every door on the fake engine, driven by wrk and h2load, beside the baseline commit's
+# service (benchmarks/request_path.py; needs ./scripts/setup.sh --test-tools for wrk and h2load).
+bench-request-path: setup test-tools
+	$(PY) benchmarks/request_path.py --models $(MODELS) --profile
 
 # The same classifier behind LitServe, Ray Serve, Triton and MLServer vs this service (benchmarks/README.md,
 # "Peers"): the peers install into venvs of their own (LitServe and Ray in one), never the service's.

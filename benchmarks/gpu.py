@@ -1,23 +1,23 @@
 """The GPU table: the benchmarks that say what CUDA buys, sized to fit a few minutes of a lent GPU.
 
-    python benchmarks/gpu.py --device cuda [--models DIR] [--json FILE] [--results FILE] [--budget-s 240]
+    python benchmarks/gpu.py --device cuda [--phase engine|table|all] [--models DIR] [--json FILE]
+        [--results FILE] [--budget-s 240] [--triton-python PYTHON]
 
-Runs, in this order (most wanted first), each with GPU-sized options, every ratio measured side by side
-in one run on the same machine:
+Two phases, each one device call at most (``scripts/gpu/device_run.py`` runs them), every ratio measured
+side by side in one run on the same machine, most wanted first within each:
 
-- (b) dynamic batching: served classify throughput at 32 clients, MAX_BATCH_SIZE=32 vs 1, with one
-  worker and with four (the service's per-request work is CPU: one process caps what a GPU can serve);
-- (d) continuous batching: generated tokens/s with 16 and 64 streams vs 1;
-- (a) KV cache vs recomputing the prefix;
-- (m) IO binding vs plain ``run`` (``io_binding.py``);
-- (h) fp16 vs fp32, raw ONNX Runtime (``variants.py``, fp16 in place of int8 on CUDA);
-- (c) served vs raw ONNX Runtime;
-- (i) served fp16 vs fused fp32: classify requests/s and generate tokens/s at 32 clients, p50 and p99.
+- ``engine``: (g) the engine's own CUDA choices, in process (``gpu_engine.py``): the KV cache in device
+  buffers against the Concat decoder, CUDA graphs on and off, TensorRT against CUDA fp16 with start-up
+  times, pinned memory;
+- ``table``: (a) KV cache vs recomputation (GPT, 255 tokens); (d) continuous batching at 16 and 64 streams
+  vs 1, with CUDA graphs off and on; (b) dynamic batching at saturation (classify, MAX_BATCH_SIZE 32 vs 1, up
+  to 64 clients); (c) served vs raw; (w) classify, generate and translate at 32, 64 and 256 connections
+  (wrk); (t) Triton through PyTriton on the same fp16 file (the parity check first); then, budget allowing,
+  (m) IO binding, (h) fp16 vs fp32 raw and (i) served fp16 vs fused.
 
 A benchmark that fails is reported and the others still run; once ``--budget-s`` has passed, the rest
 are skipped, saying so, so that what was measured is always written. Appends one section to the
 results file (the GPU named in its machine column) and writes every figure to the JSON file.
-``scripts/gpu/device_run.py`` runs it on the lent machine.
 """
 
 from __future__ import annotations
@@ -34,11 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python benchmar
 from benchmarks import (
     batching,
     continuous_batching,
+    gpu_engine,
     io_binding,
     kv_cache,
     overhead,
     served_variants,
+    triton_gpu,
     variants,
+    wrk_sweep,
 )
 from benchmarks.cli import base_parser, options_from, timed_run
 from benchmarks.options import describe_options
@@ -46,26 +49,48 @@ from benchmarks.repository import fail_without_repository
 from benchmarks.results import Result, append_results, machine_info, print_result
 from harness.json_file import write_json
 
-# (module, its options on a GPU); --quick keeps each module's own quick sizes instead.
-PLAN: list[tuple[ModuleType, dict[str, Any]]] = [
-    (batching, {"concurrency": [1, 32], "duration": 4.0, "rounds": 2}),
-    (batching, {"concurrency": [1, 32, 64], "duration": 4.0, "rounds": 1, "workers": 4}),
-    (
-        continuous_batching,
-        {
-            "streams": [1, 16, 64],
-            "duration": 4.0,
-            "rounds": 2,
-            "max_new_tokens": 64,
-            "max_running_sequences": 64,
-        },
-    ),
-    (kv_cache, {"repeats": 3}),
-    (io_binding, {"rounds": 5, "new_tokens": 64}),
-    (variants, {"rounds": 2, "seconds": 1.5}),
-    (overhead, {"duration": 12.0, "rounds": 3, "passes": 1, "concurrency": 64}),
-    (served_variants, {"duration": 4.0, "rounds": 2, "clients": 32}),
-]
+# phase -> (key, module, its options on a GPU); --quick keeps each module's own quick sizes instead.
+PLAN: dict[str, list[tuple[str, ModuleType, dict[str, Any]]]] = {
+    "engine": [
+        ("gpu_engine", gpu_engine, {"rounds": 3}),
+    ],
+    "table": [
+        ("kv_cache", kv_cache, {"repeats": 3}),
+        (
+            "continuous_batching",
+            continuous_batching,
+            {
+                "streams": [1, 16, 64],
+                "duration": 4.0,
+                "rounds": 2,
+                "max_new_tokens": 64,
+                "max_running_sequences": 64,
+            },
+        ),
+        (
+            "continuous_batching_cuda_graphs",
+            continuous_batching,
+            {
+                "streams": [1, 16, 64],
+                "duration": 4.0,
+                "rounds": 2,
+                "max_new_tokens": 64,
+                "max_running_sequences": 64,
+                "server_env": {"CUDA_GRAPHS": "true"},
+            },
+        ),
+        ("batching", batching, {"concurrency": [1, 32, 64], "duration": 4.0, "rounds": 2}),
+        ("overhead", overhead, {"duration": 8.0, "rounds": 2, "passes": 1, "concurrency": 64}),
+        ("wrk_sweep", wrk_sweep, {"duration": 4.0, "connections": [32, 64, 256]}),
+        ("triton_gpu", triton_gpu, {"duration": 4.0, "connections": [32, 64, 256]}),
+        ("io_binding", io_binding, {"rounds": 5, "new_tokens": 64}),
+        ("variants", variants, {"rounds": 2, "seconds": 1.5}),
+        ("served_variants", served_variants, {"duration": 4.0, "rounds": 2, "clients": 32}),
+    ],
+}
+PLAN["all"] = PLAN["engine"] + PLAN["table"]
+# What a module takes from the command line whatever its plan says (the venvs and tools the run made).
+PASSED_THROUGH = ("triton_python",)
 
 
 def main() -> int:
@@ -73,20 +98,24 @@ def main() -> int:
     parser.add_argument(
         "--budget-s", type=float, default=240, help="start no benchmark after this many seconds"
     )
+    parser.add_argument("--phase", choices=sorted(PLAN), default="all", help="which part of the table")
+    parser.add_argument("--triton-python", type=Path, default=None, help="PyTriton's venv python, for (t)")
     args = parser.parse_args()
     opts = options_from(args)
     fail_without_repository(opts.models)
     started = time.perf_counter()
     results: list[Result] = []
     status: dict[str, str] = {}
-    for module, extra in PLAN:
-        key = module.NAME + (f"_{extra['workers']}_workers" if extra.get("workers", 1) > 1 else "")
+    given = {name: getattr(args, name) for name in PASSED_THROUGH if getattr(args, name) is not None}
+    for key, module, extra in PLAN[args.phase]:
         if time.perf_counter() - started > args.budget_s:
             status[key] = f"skipped: the {args.budget_s:g} s budget was spent"
             print(f"\n-> {module.TITLE}\n{status[key]}", flush=True)
             continue
         print(f"\n-> {module.TITLE}", flush=True)
-        opts.extra = {} if opts.quick else dict(extra)
+        opts.extra = {**({} if opts.quick else dict(extra)), **given}
+        if opts.quick and "server_env" in extra:  # what the entry is about, quick or not
+            opts.extra["server_env"] = extra["server_env"]
         reason = module.skip_reason(opts) if hasattr(module, "skip_reason") else None
         if reason is not None:
             status[key] = f"skipped: {reason}"
@@ -107,9 +136,8 @@ def main() -> int:
         f"\nGPU benchmarks: {elapsed:.0f} s; " + "; ".join(f"{k}: {v}" for k, v in status.items()), flush=True
     )
     if opts.results is not None and results:
-        append_results(
-            opts.results, results, opts, title=f"GPU table ({len(results)} benchmarks, {elapsed:.0f} s)"
-        )
+        title = f"GPU table, {args.phase} ({len(results)} benchmarks, {elapsed:.0f} s)"
+        append_results(opts.results, results, opts, title=title)
     if args.json is not None:
         write_json(
             args.json,
@@ -120,6 +148,7 @@ def main() -> int:
                 "machine": machine_info(),
                 "options": describe_options(opts),
                 "seconds": elapsed,
+                "phase": args.phase,
             },
         )
     return (

@@ -6,7 +6,8 @@ whole sequence (prompt + tokens so far) at every step. Both decode greedily and 
 tokens. One run of the longest N gives every N (the first N steps), timed per step; the per-token
 latency against position is plotted for both. N is clipped to what ``max_sequence_length`` leaves
 after the prompt (the default GPT holds 256 positions, so N = 256 and 512 become 255). The cached
-side decodes as the service does: in place (``KVBuffer``) where the served variant has the step graph.
+side decodes as the service does: in place (``KVBuffer``; on CUDA the fp16 step graph over device
+buffers, ``DeviceKVBuffer``) where the served variant has the step graph.
 
 Then (b2) one decoding step of 16 rows over a 200-token past, the KV cache updated in place against
 ``Concat`` (the exported graphs' own step, which copies the past into a new tensor): the same rows,
@@ -30,6 +31,7 @@ from benchmarks.repository import find_model
 from benchmarks.results import Check, Result, display_path
 from harness.stats import median, ratio
 from service.engine.decoder_graph import DecoderGraph
+from service.engine.device_kv import DeviceKVBuffer
 from service.engine.kv_cache import KVBuffer
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel, load_model
@@ -92,7 +94,7 @@ def step_speedup(model: LoadedModel, repeats: int) -> dict[str, object]:
     prompts = [rng.integers(5, vocab, past).tolist() for _ in range(STEP_ROWS)]
     _, cache = concat.prefill(prompts)  # (16, H, 200, Dh) per layer
     buffer = inplace.start(cache)
-    assert isinstance(buffer, KVBuffer)
+    assert isinstance(buffer, KVBuffer | DeviceKVBuffer)  # on CUDA the buffers live on the device
     lengths = buffer.lengths.copy()
     tokens = rng.integers(5, vocab, STEP_ROWS)
     # Blocks of steps, the modes taking turns: the two modes are two ONNX Runtime sessions, each with

@@ -6,7 +6,7 @@ POST /v1/classify, each refused (a text too long, too many texts: 422; JSON that
 seconds (where memory comes to rest). The
 configurations are the candidates for keeping it bounded:
 
-- the service's trimmer (``MALLOC_TRIM_MIB=32``, the default; ``service/memory.py``);
+- the service's trimmer (``MALLOC_TRIM_MIB=32``, the default; ``service/models/memory.py``);
 - glibc as it is (``MALLOC_TRIM_MIB=0``);
 - ``MALLOC_ARENA_MAX=2`` (fewer per-thread heaps);
 - a fixed ``MALLOC_MMAP_THRESHOLD_`` of 1 MiB (large blocks always mapped, so freed at once), alone and

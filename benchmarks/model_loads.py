@@ -23,7 +23,7 @@ out of the repository, so the temporary repository of symlinks the other benchma
    nothing).
 4. The repository watch: one plain scan (what ``MODEL_CONTROL_MODE=poll`` does every
    ``MODEL_REPOSITORY_POLL_S``: the folders listed, and each folder's fingerprint, the stat of its
-   manifest files, taken by ``service/inference/polling.py``'s own code) of synthetic repositories of
+   manifest files, taken by ``service/models/polling.py``'s own code) of synthetic repositories of
    10, 100 and 1000 folders holding a small manifest.json each, timed in process; against ``watchfiles`` (inotify,
    recursive, its default debounce) on the same folders: how long after a folder is renamed into the
    repository it reports it, and what it costs while nothing changes. The scan also sees what another
@@ -352,8 +352,8 @@ def synthetic_repository(root: Path, folders: int) -> None:
 def scan_cost(root: Path, repeats: int) -> dict[str, float]:
     """One plain scan when nothing changed, as the poller does it: the folders listed, each folder's
     fingerprint (the stat of its manifest files) taken by ``RepositoryPoller``'s own code."""
-    from service.inference.loading import Loader
-    from service.inference.polling import RepositoryPoller
+    from service.models.loading import Loader
+    from service.models.polling import RepositoryPoller
 
     loader = Loader(Settings(model_repository=root))
     poller = RepositoryPoller(cast(Any, None), loader, interval_s=1.0)  # no core: nothing is loaded

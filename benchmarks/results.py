@@ -125,7 +125,7 @@ def append_results(path: Path, results: Sequence[Result], opts: Options, title: 
     """Append one dated section: the run's context, the headline ratios, then each benchmark's details."""
     info = machine_info()
     providers = sorted({r.context["provider"] for r in results if r.context.get("provider")})
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     threads = opts.threads or f"0 (one per core: {info['cores']})"
     lines = [
         f"## {now}: {title}{' (--quick: smoke-test sizes, not figures)' if opts.quick else ''}",

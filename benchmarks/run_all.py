@@ -27,6 +27,7 @@ from benchmarks import (
     batching,
     cold_start,
     continuous_batching,
+    generation_features,
     kv_cache,
     model_loads,
     overhead,
@@ -57,6 +58,7 @@ MODULES: list[ModuleType] = [
     model_loads,
     priority,
     tracing,
+    generation_features,
     peers,  # optional: needs --peers-python
 ]
 
@@ -77,7 +79,11 @@ HEADLINE = {
     "ray_serve_over_service_32": "peers",
     "reload_p99_over_steady_32": "model_loads",
     "priority_high_p99_overload_over_idle": "priority",
+    "priority_high_p99_2x_over_idle": "priority",
     "traced_over_untraced_32": "tracing",
+    "masked_step_speed": "generation_features",
+    "prefix_cache_ttft_speedup": "generation_features",
+    "ngram_speculation_speedup": "generation_features",
 }
 BUDGET_S = 18 * 60
 

@@ -34,6 +34,7 @@ def benchmark_server(
             "DEVICE": opts.device,
             "INTRA_OP_THREADS": str(opts.threads),
             "INTER_OP_THREADS": "1",
+            **opts.extra.get("server_env", {}),  # a plan's settings for every server it starts (gpu.py)
             **(env or {}),
         },
         command=command,

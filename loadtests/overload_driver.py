@@ -171,7 +171,7 @@ async def one_request(
     record = Record(endpoint.kind, started - phase_start, 0.0, 0)
     try:
         response = await client.request("POST", endpoint.path, endpoint.body(i, endpoint.items), timeout_s)
-    except (asyncio.TimeoutError, TimeoutError):
+    except TimeoutError:
         record.error = f"no answer within the client timeout ({timeout_s:g} s)"
     except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
@@ -276,7 +276,7 @@ class MetricsPoller:
             while True:
                 try:
                     text = (await client.get("/metrics")).body
-                except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                except (TimeoutError, OSError, ValueError, asyncio.IncompleteReadError):
                     self.failures += 1
                 else:
                     for labels, value in parse_metrics(text.decode(), "tserve_queue_depth"):

@@ -4,6 +4,7 @@ all       train, export and evaluate (what the quickstart runs when models/ is m
 train     train and keep a torch checkpoint per model under <out>/.work/
 export    export those checkpoints to ONNX, check parity, write manifests
 evaluate  score exported models through ONNX Runtime on a data split
+import    a Hugging Face checkpoint folder as a served model, checked against transformers (docs/IMPORT.md)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 from .data import resolve_data_dir
+from .importing.checkpoint import TASKS as IMPORT_TASKS
 from .machine import describe as describe_machine
 from .profiles import MODEL_NAMES, PROFILES, TranslatorRecipe, recipe_for
 from .publish import STAGING, PublishError, clear_staging, next_version, publish_version
@@ -118,6 +120,33 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--split", default="validation")
     v.add_argument("--limit", type=int, help="evaluate only the first N examples (characters for gpt)")
     v.add_argument("--beam-size", type=int, default=4, help="translator decoding (1 = greedy)")
+    i = sub.add_parser(
+        "import",
+        help="a local Hugging Face checkpoint as a served model folder, checked against transformers",
+        description="Import a fine-tuned Hugging Face checkpoint (config.json, safetensors weights, tokenizer "
+        "files) as a model folder of the repository, checked against the checkpoint's own model in "
+        "transformers, with its fused / int8 / fp16 variants (docs/IMPORT.md).",
+    )
+    i.add_argument("dir", help="the checkpoint folder")
+    i.add_argument("--task", required=True, help="one of " + ", ".join(IMPORT_TASKS))
+    i.add_argument("--name", required=True, help="the served model name (the folder under --out)")
+    i.add_argument(
+        "--out",
+        default=os.environ.get("MODEL_REPOSITORY", "models"),
+        help="model repository (default: models)",
+    )
+    i.add_argument(
+        "--data",
+        help="JSON lines of the user's labelled examples: the variants' accuracy rule is measured on them "
+        "(default: agreement with the reference on the checkpoint's own outputs)",
+    )
+    i.add_argument(
+        "--publish-version",
+        action="store_true",
+        help="import beside the repository and publish as the model's next numbered version folder",
+    )
+    i.add_argument("--no-variants", action="store_true", help="skip the fused / int8 / fp16 variants")
+    i.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("evaluate")
     e.add_argument(
         "--models", default=os.environ.get("MODEL_REPOSITORY", "models"), help="model repository directory"
@@ -210,6 +239,27 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             build_variants(models_dir, name, data_dir, args.split, args.limit, args.beam_size)
         log.info("variants finished in %.1f minutes", (time.perf_counter() - start) / 60)
+        return 0
+
+    if args.command == "import":
+        from .importing.checkpoint import ImportRefused
+        from .importing.run import import_checkpoint
+
+        try:
+            folder = import_checkpoint(
+                Path(args.dir),
+                args.task,
+                args.name,
+                Path(args.out),
+                Path(args.data) if args.data else None,
+                args.publish_version,
+                not args.no_variants,
+                args.seed,
+            )
+        except ImportRefused as exc:
+            print(f"import refused: {exc}", file=sys.stderr)
+            return 2
+        print(folder)
         return 0
 
     if args.command == "evaluate":

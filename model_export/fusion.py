@@ -74,13 +74,25 @@ def optimize(path: Path, task: str, num_heads: int, hidden_size: int) -> onnx.Mo
     readable = _reductions_shape_inference_reads(source)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the optimizer prints, rather than logs, what it skipped
-        optimized = optimize_model(
-            source if readable else str(path),
-            model_type=model_type,
-            num_heads=num_heads,
-            hidden_size=hidden_size,
-            opt_level=0,
-        )
+        try:
+            optimized = optimize_model(
+                source if readable else str(path),
+                model_type=model_type,
+                num_heads=num_heads,
+                hidden_size=hidden_size,
+                opt_level=0,
+            )
+        except IndexError:  # its GPT-2 pass expects ONNX Runtime's own export of GPT-2, not transformers'
+            if model_type == "bert":
+                raise
+            log.info("%s: the %s optimizer failed; its generic (bert) fusions instead", path.name, model_type)
+            optimized = optimize_model(
+                onnx.load(str(path)),
+                model_type="bert",
+                num_heads=num_heads,
+                hidden_size=hidden_size,
+                opt_level=0,
+            )
     if "failed in shape inference" in printed.getvalue():
         # Symbolic shape inference has no rule for some op of this graph; only the fusions that need
         # it (SkipLayerNormalization) are skipped. Parity and the op counts in the manifest show
@@ -218,7 +230,8 @@ def fuse_attention(model: onnx.ModelProto) -> int:
         if len(consumers.get(k_t.output[0], [])) == 1:
             removed.add(id(k_t))
         fused += 1
-    if not fused:
+    if not fused:  # a graph whose attention is not ours (an imported checkpoint's): its opset still rises,
+        _raise_opset(model)  # so every fused graph can be quantized per row (QuantizeLinear's block_size: 21)
         return 0
     kept: list[onnx.NodeProto] = []
     by_anchor = {id(anchor): nodes for anchor, nodes in added}
@@ -232,11 +245,15 @@ def fuse_attention(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(kept)
     _drop_dead_nodes(graph)
+    _raise_opset(model)
+    return fused
+
+
+def _raise_opset(model: onnx.ModelProto) -> None:
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx"):
             opset.version = max(opset.version, ATTENTION_OPSET)
     model.ir_version = max(model.ir_version, 10)
-    return fused
 
 
 def _drop_dead_nodes(graph: onnx.GraphProto) -> None:

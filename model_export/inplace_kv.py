@@ -18,8 +18,9 @@ keys/values into when ``past`` and ``present`` are bound to the same memory
 with q', k', v' the (B, T, H * Dh) tensors before the split into heads. The mask input goes: a row's
 valid keys are its first ``seqlens_k + 1`` buffer columns (past, then the new token), the layout the
 service's ``KVBuffer`` keeps (left-aligned, so no padding inside a row's prefix). Inputs become
-``input_ids`` (B, 1), ``position_ids`` (B, 1), ``seqlens_k`` (B,) int32 (each row's past length),
-``total_sequence_length`` () int32 (the longest past + 1) and the buffers; ``present_*`` have the
+``input_ids`` (B, new), ``position_ids`` (B, new), ``seqlens_k`` (B,) int32 (each row's past length +
+new - 1), ``total_sequence_length`` () int32 (the longest past + new) and the buffers (``new`` is 1 for a
+batch; GroupQueryAttention takes several new tokens over a past for one row only); ``present_*`` have the
 buffers' shape. GroupQueryAttention runs on ONNX Runtime's CPU provider in float32; its CUDA kernel
 takes float16 / bfloat16 only, so this graph is a CPU variant.
 """
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 SEQLENS = "seqlens_k"
 TOTAL = "total_sequence_length"
 MAX_AXIS = "max_sequence"  # the buffers' length axis
+NEW_AXIS = "new"  # new tokens per row: 1 when decoding a batch; more for one row (GroupQueryAttention's rule)
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -158,7 +160,13 @@ def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_
             flat_inputs = [packed[1], "", ""]
         scale = next((a.f for a in node.attribute if a.name == "scale"), 1.0 / np.sqrt(head_dim))
         merged = _merged_heads(consumers, node.output[0])
-        context = merged[1].output[0] if merged is not None else f"{prefix}_context"
+        if merged is not None and not _to_three_axes(graph, merged[1]):
+            # The merge reshapes to another shape than (B, T, H * Dh) (transformers' GPT-2 goes straight to
+            # (B * T, D) for its Conv1D): keep that Reshape, reading GroupQueryAttention's (B, T, D) context,
+            # which holds the same values in the same order as the (B, T, H, Dh) it read before.
+            merged[1].input[0] = f"{prefix}_context"
+            merged = merged[:1]
+        context = merged[-1].output[0] if merged is not None and len(merged) == 2 else f"{prefix}_context"
         nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
@@ -202,8 +210,23 @@ def rewrite_inplace(model: onnx.ModelProto, num_heads: int, head_dim: int, past_
     return rewrites
 
 
+def _to_three_axes(graph: onnx.GraphProto, reshape: onnx.NodeProto) -> bool:
+    """Whether ``reshape``'s target shape has three axes, (B, T, H * Dh): a constant of three, or a Concat
+    of pieces (this exporter's dynamic B and T) adding up to three."""
+    shape = _constant(graph, reshape.input[1])
+    if shape is not None:
+        return bool(shape.size == 3)
+    concat = _producers(graph).get(reshape.input[1])
+    if concat is None or concat.op_type != "Concat":
+        return False
+    sizes = [_constant(graph, piece) for piece in concat.input]
+    return sum(1 if size is None else size.size for size in sizes) == 3
+
+
 def _retype_inputs(graph: onnx.GraphProto, past: set[str]) -> None:
-    """One new token per row, the valid lengths as inputs, buffers of ``max_sequence`` columns."""
+    """New tokens on a ``new`` axis (one per row when decoding; several for one row at a time, which is
+    what GroupQueryAttention takes over a past: speculative decoding's check), the valid lengths as
+    inputs, buffers of ``max_sequence`` columns."""
     used = {name for node in graph.node for name in node.input}
     inputs = [i for i in graph.input if i.name in used]
     for value in [*inputs, *graph.output]:
@@ -212,8 +235,8 @@ def _retype_inputs(graph: onnx.GraphProto, past: set[str]) -> None:
             dims[2].ClearField("dim_value")
             dims[2].dim_param = MAX_AXIS
         elif value.name in ("input_ids", "position_ids") or value.name == graph.output[0].name:
-            dims[1].ClearField("dim_param")
-            dims[1].dim_value = 1
+            dims[1].ClearField("dim_value")
+            dims[1].dim_param = NEW_AXIS
     inputs += [
         helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
         helper.make_tensor_value_info(TOTAL, TensorProto.INT32, []),
@@ -269,11 +292,13 @@ def step_difference(
         **dict(zip(past_names, past, strict=True)),
     }
     logits, *present = concat.run(None, feeds)
-    buffers = [np.zeros((rows, heads, capacity, head_dim), np.float32) for _ in past_names]
+    session = ort.InferenceSession(inplace_file, providers=["CPUExecutionProvider"])
+    kv_type = next(i.type for i in session.get_inputs() if i.name == past_names[0])
+    dtype = np.float16 if kv_type == "tensor(float16)" else np.float32  # to_fp16_step's buffers: float16
+    buffers = [np.zeros((rows, heads, capacity, head_dim), dtype) for _ in past_names]
     for buffer, tensor in zip(buffers, past, strict=True):
         for row, length in enumerate(lengths):
             buffer[row, :, :length] = tensor[row, :, width - length :]
-    session = ort.InferenceSession(inplace_file, providers=["CPUExecutionProvider"])
     binding = session.io_binding()
     binding.bind_cpu_input("input_ids", ids)
     binding.bind_cpu_input("position_ids", positions)
@@ -283,13 +308,13 @@ def step_difference(
         binding.bind_cpu_input(name, value)
     binding.bind_output(session.get_outputs()[0].name, "cpu")
     for name, out, buffer in zip(past_names, present_names, buffers, strict=True):
-        binding.bind_input(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
-        binding.bind_output(out, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+        binding.bind_input(name, "cpu", 0, dtype, list(buffer.shape), buffer.ctypes.data)
+        binding.bind_output(out, "cpu", 0, dtype, list(buffer.shape), buffer.ctypes.data)
     session.run_with_iobinding(binding)
     worst = float(np.abs(binding.get_outputs()[0].numpy() - logits).max())
     for buffer, tensor in zip(buffers, present, strict=True):
         for row, length in enumerate(lengths):  # the row's past and its new column, in both layouts
-            got, want = buffer[row, :, : length + 1], tensor[row, :, width - length :]
+            got, want = buffer[row, :, : length + 1].astype(np.float32), tensor[row, :, width - length :]
             worst = max(worst, float(np.abs(got - want).max()))
     return worst
 

@@ -35,6 +35,8 @@ import contextlib
 import io
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -61,6 +63,9 @@ RULES: dict[str, tuple[str, float, bool]] = {
     "text-generation": ("bits_per_char", 0.05, False),
     "image-classification": ("accuracy", 0.01, True),
     "feature-extraction": ("centroid_accuracy", 0.01, True),
+    # An imported checkpoint without the user's labelled data: the share of inputs on which the variant
+    # answers as the reference does (model_export/importing/agreement.py)
+    "agreement": ("agreement", 0.01, True),
 }
 METHODS = {
     "fused": "onnxruntime.transformers optimize_model (opt_level 0) + model_export.fusion.fuse_attention "
@@ -362,6 +367,15 @@ def _save(folder: Path, manifest: dict[str, Any]) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+@dataclass(frozen=True)
+class Scorer:
+    """How a model folder's variants are measured when not on the house's data (an imported checkpoint):
+    ``evaluate(variant, device)`` returns its figures, judged by ``RULES[rule]``."""
+
+    evaluate: Callable[[VariantChoice, Literal["cpu", "cuda"]], dict[str, Any]]
+    rule: str
+
+
 def build_variants(
     models_dir: Path,
     name: str,
@@ -369,14 +383,27 @@ def build_variants(
     split: str = "validation",
     limit: int | None = None,
     beam_size: int = 4,
+    scorer: Scorer | None = None,
 ) -> dict[str, Any]:
-    """Write, check, evaluate and record the fused, int8 and fp16 variants of one model; returns them."""
+    """Write, check, evaluate and record the fused, int8 and fp16 variants of one model; returns them.
+
+    ``scorer``: measure on something else than the house's validation split (an imported checkpoint)."""
     import json
 
     from .evaluate import evaluate_model
 
+    def evaluate(
+        variant: VariantChoice = "reference", device: Literal["cpu", "cuda"] = "cpu"
+    ) -> dict[str, Any]:
+        if scorer is not None:
+            return scorer.evaluate(variant, device)
+        return evaluate_model(
+            models_dir, name, data_dir, split, limit, beam_size, variant=variant, device=device
+        )
+
     folder = models_dir / name
     manifest = json.loads((folder / MANIFEST).read_text())
+    rule = scorer.rule if scorer is not None else manifest["task"]
     started = time.perf_counter()
     for old in manifest.get("variants", {}).values():  # a rebuild replaces the files of the last one
         for file in old["graphs"].values():
@@ -415,7 +442,7 @@ def build_variants(
     manifest["variants"] = variants
     _save(folder, manifest)  # the files are listed and hashed: the folder loads while we evaluate
 
-    reference = evaluate_model(models_dir, name, data_dir, split, limit, beam_size)
+    reference = evaluate()
     manifest.setdefault("validation", {})[split] = reference  # the same graphs, stamped with the new version
     cuda = _cuda_works(folder / files["fp16"][next(iter(files["fp16"]))])
     for variant in sorted(variants, key=lambda v: v == "fused"):  # fused last: it may not need its pass
@@ -445,7 +472,7 @@ def build_variants(
                 )
             continue
         if record["batch_max_abs_diff"] > BATCH_TOLERANCE:  # refused by the rule whatever its accuracy
-            record.update(_batch_refusal(manifest["task"], record["batch_max_abs_diff"]))
+            record.update(_batch_refusal(rule, record["batch_max_abs_diff"]))
             log.info("%s %s: %s", name, variant, record["reason"])
             continue
         if variant == "int8":  # int8 must also pay for its rounding on this machine (variant_speed.py)
@@ -454,7 +481,7 @@ def build_variants(
                 folder, manifest["task"], files["fused"], files["int8"], *steps
             )
             if record["speed_over_fused"] < SPEED_MARGIN:
-                record.update(_speed_refusal(manifest["task"], record["speed_over_fused"]))
+                record.update(_speed_refusal(rule, record["speed_over_fused"]))
                 log.info("%s %s: %s", name, variant, record["reason"])
                 continue
         if (
@@ -462,23 +489,14 @@ def build_variants(
             and variants.get("int8", {}).get("serve_by_default")  # no int8 where its graphs cannot run
             and record["parity_max_abs_diff"] <= FUSED_PARITY
         ):
-            record.update(_same_function(manifest["task"], record["parity_max_abs_diff"]))
+            record.update(_same_function(rule, record["parity_max_abs_diff"]))
             log.info("%s %s: %s", name, variant, record["reason"])
             continue
-        measured = evaluate_model(
-            models_dir,
-            name,
-            data_dir,
-            split,
-            limit,
-            beam_size,
-            variant=cast(VariantChoice, variant),
-            device="cuda" if variant == "fp16" else "cpu",
-        )
+        measured = evaluate(cast(VariantChoice, variant), "cuda" if variant == "fp16" else "cpu")
         record["validation"] = {
             k: v for k, v in measured.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        record.update(_rule(manifest["task"], reference, measured))  # rows already batch-invariant
+        record.update(_rule(rule, reference, measured))  # rows already batch-invariant
         if "speed_over_fused" in record:
             record["reason"] += (
                 f"; {record['speed_over_fused']:.2f}x the fused graphs' speed on {cpu_model()}"

@@ -96,9 +96,10 @@ fi
 # (tests/test_image.py, scripts/podman_build.sh); netavark and aardvark-dns, podman's network stack with
 # DNS between containers, and iptables, which netavark runs to set a network up (no package pulls it in:
 # without it, `up` fails with "netavark: No such file or directory"), for the compose file in containers
-# (tests/test_compose.py).
+# (tests/test_compose.py); wrk and h2load (nghttp2-client) drive the request-path benchmark
+# (benchmarks/request_path.py, `make bench-request-path`) and its smoke test in CI.
 if [ "${1:-}" = "--test-tools" ]; then
-  apt_install haproxy podman buildah runc mmdebstrap netavark aardvark-dns iptables
+  apt_install haproxy podman buildah runc mmdebstrap netavark aardvark-dns iptables wrk nghttp2-client
   exit 0
 fi
 

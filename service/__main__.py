@@ -19,12 +19,34 @@ import tempfile
 from typing import Any
 
 from service.http_server import uvicorn_config
-from service.logs import json_log_config
-from service.settings import SHARED_POOL_FLAG, Settings
+from service.observe.logs import json_log_config
+from service.settings import OWN_PROCESS_FLAG, SHARED_POOL_FLAG, Settings
+
+
+def refuse_split_quotas(settings: Settings) -> None:
+    """With WORKERS > 1 (or FRONTENDS > 1) and no REDIS_URL each process would count a key's limits on its
+    own (a key would get that many times its entitlement): refuse to start, saying what to set."""
+    processes = max(settings.workers, settings.frontends)
+    if processes <= 1 or settings.redis_url or settings.api_keys_file is None:
+        return
+    from service.access.quotas import load_keys_file
+
+    limited = [
+        e.id for e in load_keys_file(settings.api_keys_file) if e.requests_per_minute or e.tokens_per_minute
+    ]
+    if limited:
+        what = f"WORKERS={settings.workers}" if settings.workers > 1 else f"FRONTENDS={settings.frontends}"
+        raise SystemExit(
+            f"API_KEYS_FILE gives keys {', '.join(limited)} limits, and {what} without REDIS_URL would count "
+            f"them in each process apart (each key would get {processes} times its limit): set REDIS_URL (the "
+            "quotas then live in Redis, shared by every process and replica), or run one process"
+        )
 
 
 def main() -> None:
     settings = Settings()
+    refuse_split_quotas(settings)
+    os.environ[OWN_PROCESS_FLAG] = "1"  # this process (and its workers) is the service's: see gc_tuning.py
     if settings.ort_thread_pool == "shared" and settings.intra_op_spinning and settings.model_instances == 1:
         # This process owns ONNX Runtime: one thread pool for all its sessions (service.engine.runtime).
         # uvicorn's worker processes (WORKERS > 1) inherit the environment and do the same in create_app.
@@ -32,7 +54,7 @@ def main() -> None:
         # Runtime refuses sessions with their own pool once its global one exists).
         os.environ[SHARED_POOL_FLAG] = "1"
     made_dir = None
-    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if (settings.workers > 1 or settings.frontends) and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Before prometheus_client is imported anywhere: it picks its storage when first imported.
         made_dir = tempfile.mkdtemp(prefix="tserve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = made_dir
@@ -48,7 +70,12 @@ def main() -> None:
         timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout_s)),
     )
     try:
-        if settings.workers > 1:
+        if settings.frontends:
+            from service.supervisor import run_split
+
+            config = uvicorn_config("service.app:create_app", settings, factory=True, **common)
+            run_split(config, settings.frontends, settings.shutdown_timeout_s)
+        elif settings.workers > 1:
             run_workers(
                 uvicorn_config(
                     "service.app:create_app", settings, factory=True, workers=settings.workers, **common

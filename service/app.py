@@ -39,11 +39,15 @@ from litestar.openapi.spec import (
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
 
+from service import gc_tuning
+from service.access.keys import ApiKeys, ControlAccess
+from service.access.quotas import Quotas, windows_for
 from service.api.grpc.server import GrpcServer
 from service.api.http.admission import Shedding, admit_requests
-from service.api.http.auth import ApiKeys, ControlAccess, require_api_key
+from service.api.http.auth import require_api_key
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.errors import EXCEPTION_HANDLERS
+from service.api.http.fast_lane import FastLane
 from service.api.http.observe import observe_requests
 from service.api.http.raw_errors import RAW_SHAPES_KEY
 from service.api.http.request_id import ensure_request_id_header
@@ -56,17 +60,18 @@ from service.cache.response_cache import ResponseCache
 from service.engine import runtime
 from service.errors import describe_status
 from service.inference.limits import RequestLimits
-from service.inference.loading import Loader
-from service.inference.polling import RepositoryPoller
-from service.inference.service import InferenceService
+from service.inference.service import Host, InferenceService
+from service.ipc.remote_host import RemoteHost
 from service.lifecycle import Lifecycle
-from service.logs import configure_logging
-from service.loop_lag import LoopLag
-from service.memory import MemoryTrimmer
-from service.metrics import Metrics, multiprocess_enabled
-from service.quotas import Quotas, windows_for
-from service.settings import SHARED_POOL_FLAG, Settings
-from service.tracing import Tracing
+from service.models.host import ModelHost
+from service.models.memory import MemoryTrimmer
+from service.observe.logs import configure_logging
+from service.observe.loop_lag import LoopLag
+from service.observe.metrics import Metrics, multiprocess_enabled
+from service.observe.tracing import Tracing
+from service.process import die_with_parent
+from service.settings import OWN_PROCESS_FLAG, SHARED_POOL_FLAG, Settings
+from service.supervisor import frontend_folder
 
 log = logging.getLogger("service")
 
@@ -123,7 +128,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
     """The Litestar app for ``settings`` (default: from the environment)."""
     settings = settings if settings is not None else Settings()
     configure_logging(settings)
-    if os.environ.get(SHARED_POOL_FLAG) == "1" and not runtime.shared_thread_pool_in_use():
+    if (
+        os.environ.get(SHARED_POOL_FLAG) == "1"
+        and not runtime.shared_thread_pool_in_use()
+        and frontend_folder() is None  # a front end runs no model
+    ):
         # python -m service (or one of its workers) owns this process: one ONNX Runtime pool for all.
         runtime.use_shared_thread_pool(settings.intra_op_threads, settings.inter_op_threads)
     metrics = Metrics.from_settings(settings)
@@ -139,7 +148,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     state.lifecycle = lifecycle
     tracing = Tracing.from_environment(lambda reason, count: metrics.spans_dropped.labels(reason).inc(count))
     loop_lag = LoopLag(on_sample=metrics.event_loop_lag.observe)
-    shedding = Shedding(loop_lag, settings.shed_lag_ms / 1000, metrics.shed.inc)
+    shedding = Shedding(loop_lag, settings.shed_lag_ms / 1000, metrics.shed.inc, settings.shed_queue_depth)
     keys = ApiKeys.from_settings(settings)
     quotas = (
         Quotas(
@@ -153,9 +162,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        loader = Loader(settings, metrics)
-        budgeted = settings.model_memory_budget > 0  # models load one by one, measured (preload below)
-        registry = await loader.startup([] if budgeted else settings.served_models or None)
+        folder = frontend_folder()
+        host: Host
+        if folder is not None:  # a front end of the split service: the engine process runs the models
+            die_with_parent()
+            host = RemoteHost(settings, folder, metrics)
+            shedding.urgent_waiting = host.client.urgent_waiting  # shed low priority by the engine's queues
+        else:
+            host = await ModelHost.open(settings, metrics)
         cache = ResponseCache(
             build_backend(settings, errors=metrics),
             ttl_s=settings.cache_ttl_s,
@@ -163,24 +177,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             observer=metrics,
         )
         controlled = settings.model_control_mode != "none"
-        inference = InferenceService(
-            registry,
-            cache,
-            state.limits,
-            loader=loader if controlled or budgeted else None,
-            observer=metrics,
-            retire_timeout_s=settings.shutdown_timeout_s,
-            memory_budget=settings.model_memory_budget,
-            load_timeout_s=settings.queue_timeout_s,
-            quotas=quotas,
-        )
-        poller = (
-            RepositoryPoller(
-                inference, loader, settings.model_repository_poll_s, settings.served_models or None
-            )
-            if settings.model_control_mode == "poll"
-            else None
-        )
+        inference = InferenceService(host, cache, state.limits, quotas)
         if lifecycle.draining:  # SIGTERM arrived while loading
             inference.drain()
         app.state.inference = inference
@@ -193,14 +190,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
         trimmer = MemoryTrimmer(settings.malloc_trim_mib)
         try:
             await inference.start(warmup=settings.warmup)
-            if budgeted:
-                await inference.preload([n for n in loader.folders() if loader.servable(n)])
             if grpc_server is not None:
                 await grpc_server.start()
             trimmer.start()
+            if os.environ.get(OWN_PROCESS_FLAG) == "1":  # python -m service: the process is the service's
+                gc_tuning.settle(settings.gc_threshold)
             loop_lag.start()
-            if poller is not None:
-                poller.start()
             if controlled:
                 log.info(
                     "model control: %s; %s",
@@ -209,16 +204,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 )
             log.info(
                 "ready: %d model(s) serving (%s), %d refused; response cache: %s",
-                len(registry.pipelines),
-                ", ".join(registry.pipelines) or "none",
-                len(registry.refused),
+                len(host.registry.pipelines),
+                ", ".join(host.registry.pipelines) or "none",
+                len(host.registry.refused),
                 cache.kind,
             )
             yield
         finally:
             loop_lag.stop()
-            if poller is not None:
-                await poller.stop()
             await trimmer.stop()
             if grpc_server is not None:
                 await grpc_server.stop()
@@ -250,11 +243,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 settings.max_body_bytes,
                 settings.body_read_timeout_s,
                 shedding,
+                FastLane(),
             ),
         ],
         cors_config=_cors(settings),
         request_max_body_size=settings.max_body_bytes,  # Litestar's own check; admission.py refuses first
-        logging_config=None,  # ours (service.logs): every line carries the request id and model, on one line
+        logging_config=None,  # ours (service.observe.logs): every line carries the request id and model, on one line
         state=state,
         openapi_config=_openapi(keys),
     )

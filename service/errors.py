@@ -34,6 +34,7 @@ class ErrorKind:
     status: int  # HTTP
     grpc: str  # the gRPC status code's name
     when: str  # in words, for the API documents
+    refunded: bool = False  # the service refused the request without doing its work: not counted in quotas
 
 
 # Every kind of error the API answers with, once: its HTTP status, its gRPC code and when it is sent.
@@ -86,13 +87,17 @@ KINDS: dict[str, ErrorKind] = {
         "the `RateLimit-*` headers",
     ),
     "queue_full": ErrorKind(
-        429, "RESOURCE_EXHAUSTED", "the model's queue is full; retry after the `Retry-After` header's seconds"
+        429,
+        "RESOURCE_EXHAUSTED",
+        "the model's queue is full; retry after the `Retry-After` header's seconds",
+        refunded=True,
     ),
     "shed": ErrorKind(
         429,
         "RESOURCE_EXHAUSTED",
         "the service is busy (its event loop runs over SHED_LAG_MS late) and the request is low priority "
         "(`X-Request-Priority` or the key's default): refused at the edge; retry after `Retry-After`",
+        refunded=True,
     ),
     "client_closed_request": ErrorKind(
         499, "CANCELLED", "the client went away; nobody reads it, but logs and metrics do"
@@ -102,24 +107,41 @@ KINDS: dict[str, ErrorKind] = {
         504,
         "DEADLINE_EXCEEDED",
         "the request's own deadline (its timeout) passed while it waited; it was not computed",
+        refunded=True,
     ),
     "internal_error": ErrorKind(
         500, "INTERNAL", "a bug in the service, logged with its traceback; never caused by request content"
     ),
-    "not_ready": ErrorKind(503, "UNAVAILABLE", "the service is starting or draining; see `Retry-After`"),
+    "not_ready": ErrorKind(
+        503, "UNAVAILABLE", "the service is starting or draining; see `Retry-After`", refunded=True
+    ),
     "queue_timeout": ErrorKind(
-        503, "UNAVAILABLE", "the request waited too long in the queue; see `Retry-After`"
+        503, "UNAVAILABLE", "the request waited too long in the queue; see `Retry-After`", refunded=True
     ),
     "unavailable": ErrorKind(
         503,
         "UNAVAILABLE",
         "the model is shutting down, or could not be loaded in time or into MODEL_MEMORY_BUDGET; see "
         "`Retry-After`",
+        refunded=True,
+    ),
+    "model_too_large": ErrorKind(
+        507,
+        "RESOURCE_EXHAUSTED",
+        "the files the model serves alone exceed MODEL_MEMORY_BUDGET: it cannot be loaded here, whatever "
+        "else is unloaded (no `Retry-After`: retrying will not help)",
+        refunded=True,
     ),
     "overloaded": ErrorKind(
-        503, "UNAVAILABLE", "MAX_IN_FLIGHT_REQUESTS are being answered; see `Retry-After`"
+        503, "UNAVAILABLE", "MAX_IN_FLIGHT_REQUESTS are being answered; see `Retry-After`", refunded=True
     ),
 }
+
+
+# The HTTP statuses of the refusals that did no work: a request answered with one is given back to its
+# key's requests per minute (``quotas.Quotas.refund``). ``quota_exceeded`` shares 429 but is sent before
+# the request is counted.
+REFUNDED_STATUSES = frozenset(k.status for k in KINDS.values() if k.refunded)
 
 
 def describe_status(status: int) -> str:
@@ -127,8 +149,19 @@ def describe_status(status: int) -> str:
     return "; ".join(f"`{kind}`: {k.when}" for kind, k in KINDS.items() if k.status == status)
 
 
+def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class ServiceError(Exception):
-    """Base of every error the service raises on purpose; ``kind`` says which (``KINDS``)."""
+    """Base of every error the service raises on purpose; ``kind`` says which (``KINDS``). Picklable whatever
+    a subclass's ``__init__`` takes, for the split service's engine process to send to a front end."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, self.__dict__)
 
     kind: ClassVar[str] = "bad_request"
 
@@ -265,6 +298,15 @@ class ModelUnavailableError(ServiceError):
     def __init__(self, message: str, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
         super().__init__(message, field="model")
         self.retry_after_s = retry_after_s
+
+
+class ModelTooLargeError(ServiceError):
+    """A model whose served files alone exceed MODEL_MEMORY_BUDGET: it can never be loaded here."""
+
+    kind = "model_too_large"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="model")
 
 
 class ClientDisconnectedError(ServiceError):

@@ -8,6 +8,13 @@ end of its previous response) to the end of its next request's headers; past it 
 (httptools, h11), whichever ``--http`` picks. The body has its own deadline, in the app's admission
 middleware (``service.api.http.admission``), since uvicorn hands the body to the app as it comes.
 
+A response goes out in one piece: uvicorn writes a response's status line and headers as soon as the
+app starts it and the body in a second write, so a replica killed between the two (SIGKILL, the OOM
+killer) leaves a load balancer holding headers it has already forwarded and cannot retry: the client
+sees a cut response. ``CoalescedWrites`` holds what is written within one turn of the event loop and
+sends it in one write at the end of that turn (or at close, first), so a complete response is either sent whole or not at all (an empty answer, which HAProxy retries on
+another replica), and the server makes one ``send`` per response where it made two.
+
 No ``Server`` header: it tells an attacker which server (and so which advisories) to try, and tells a
 client nothing it needs.
 """
@@ -15,7 +22,8 @@ client nothing it needs.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import ssl
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -28,6 +36,90 @@ _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
 )
+
+
+class CoalescedWrites(asyncio.Transport):
+    """A connection's transport whose writes within one turn of the event loop leave in one write.
+
+    The first write is held and a flush is scheduled for the end of the turn; writes that follow in the
+    same turn join it. ``close`` and ``write_eof`` send what is held first; ``abort`` drops it, as the
+    transport's own abort drops its buffer. Everything else is the transport's own.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.inner = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        self._held.append(bytes(data))
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self.flush)
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def flush(self) -> None:
+        """Send what is held, in one write (dropped if the connection is already closing)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        held, self._held = self._held, []
+        if held and not self.inner.is_closing():
+            self.inner.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self.flush()
+        self.inner.close()
+
+    def abort(self) -> None:
+        self._held = []
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.inner.abort()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.inner.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self.inner.can_write_eof()
+
+    def is_closing(self) -> bool:
+        return self.inner.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.inner.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self.inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.inner.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.inner.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.inner.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.inner.get_protocol()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.inner.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.inner.get_write_buffer_size() + sum(map(len, self._held))
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.inner.get_write_buffer_limits()
 
 
 class HeaderDeadline:
@@ -85,12 +177,23 @@ class HeaderDeadline:
             self._arm_header_deadline()
 
 
-class HttpToolsWithDeadline(HeaderDeadline, HttpToolsProtocol):
-    """uvicorn's httptools protocol (its choice when httptools is installed) with the header deadline."""
+class WholeResponses:
+    """A mixin for uvicorn's HTTP protocols: the connection's writes go through ``CoalescedWrites``."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        coalesced = CoalescedWrites(cast(asyncio.Transport, transport), self.loop)
+        super().connection_made(coalesced)  # type: ignore[misc]
 
 
-class H11WithDeadline(HeaderDeadline, H11Protocol):
-    """uvicorn's h11 protocol with the header deadline."""
+class HttpToolsWithDeadline(HeaderDeadline, WholeResponses, HttpToolsProtocol):
+    """uvicorn's httptools protocol (its choice when httptools is installed) with the header deadline,
+    sending each response whole."""
+
+
+class H11WithDeadline(HeaderDeadline, WholeResponses, H11Protocol):
+    """uvicorn's h11 protocol with the header deadline, sending each response whole."""
 
 
 def _protocol(http: str) -> type[asyncio.Protocol]:
@@ -120,6 +223,12 @@ def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Conf
     ``settings``; ``options`` are passed on (host, port, workers, log level...)."""
     options.setdefault("host", settings.host)
     options.setdefault("port", settings.port)
+    if settings.tls_cert_file is not None:  # HTTPS (TLS_*); with a client CA, mutual TLS
+        options.setdefault("ssl_certfile", str(settings.tls_cert_file))
+        options.setdefault("ssl_keyfile", str(settings.tls_key_file))
+        if settings.tls_client_ca_file is not None:
+            options.setdefault("ssl_ca_certs", str(settings.tls_client_ca_file))
+            options.setdefault("ssl_cert_reqs", ssl.CERT_REQUIRED)
     return ServerConfig(
         app,
         settings.header_read_timeout_s,

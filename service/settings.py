@@ -34,6 +34,10 @@ Words = Annotated[list[str], NoDecode, BeforeValidator(_env_list)]
 # Set by ``python -m service`` in its own environment (and so its workers'): create_app then makes all
 # ONNX Runtime sessions of the process share one thread pool (ORT_THREAD_POOL=shared).
 SHARED_POOL_FLAG = "TSERVE_SHARED_THREAD_POOL"
+# Set by ``python -m service`` (and so its workers): the process is the service's alone, so create_app may
+# tune process-wide state such as the garbage collector (``gc_tuning.py``), which an app embedded in
+# another process (tests, a host application) must leave alone.
+OWN_PROCESS_FLAG = "TSERVE_OWN_PROCESS"
 
 
 class Settings(BaseSettings):
@@ -56,7 +60,29 @@ class Settings(BaseSettings):
         description="Open Inference Protocol v2 over gRPC (KServe's GRPCInferenceService) on this port, on "
         "HOST, in the same process as HTTP; unset: off",
     )
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="TLS on both doors (HTTPS, and gRPC over TLS): the server's certificate chain (PEM), "
+        "with TLS_KEY_FILE; unset: plain HTTP and gRPC, TLS left to the ingress",
+    )
+    tls_key_file: Path | None = Field(default=None, description="The private key (PEM) of TLS_CERT_FILE")
+    tls_client_ca_file: Path | None = Field(
+        default=None,
+        description="Mutual TLS: every client (probes included) must present a certificate signed by one "
+        "of these CAs (PEM), on both doors; needs TLS_CERT_FILE",
+    )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
+    frontends: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="0: one process does everything (HTTP, gRPC, the models). N: the split service, N "
+        "front-end processes sharing the HTTP and gRPC ports (the doors, keys, the cache, tokenizing) and "
+        "one engine process (batching, continuous batching, the models), over ZeroMQ",
+    )
+    engine_start_timeout_s: float = Field(
+        default=600.0, gt=0, description="FRONTENDS >= 1: how long a front end waits for the engine to serve"
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     log_format: Literal["text", "json"] = Field(
         default="text",
@@ -89,6 +115,14 @@ class Settings(BaseSettings):
         "0: no budget. Past it, a model loads on its first request, and the least recently used idle "
         "model is unloaded to make room (a model with work in flight never is)",
     )
+    model_min_residency_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=3600,
+        description="With MODEL_MEMORY_BUDGET: a model loaded on demand is not unloaded to make room for "
+        "another before it has been resident this long; a request whose model needs that room waits for it "
+        "(within QUEUE_TIMEOUT_S). Bounds the loads that clients alternating between models can cause",
+    )
     model_repository_poll_s: float = Field(
         default=5.0, gt=0, description="MODEL_CONTROL_MODE=poll: seconds between two scans of the repository"
     )
@@ -108,9 +142,27 @@ class Settings(BaseSettings):
     )
     kv_cache: Literal["inplace", "concat"] = Field(
         default="inplace",
-        description="How a decoder's KV cache grows on CPU: inplace writes each step's keys/values into a "
-        "buffer preallocated per running batch (where the served variant has that step graph), concat "
-        "copies the past into a new tensor every step (the exported graphs' own way; always on CUDA)",
+        description="How a decoder's KV cache grows: inplace writes each step's keys/values into a buffer "
+        "preallocated per running batch (where the served variant has that step graph: on CUDA the fp16 "
+        "one, its buffers kept on the device), concat copies the past into a new tensor every step (the "
+        "exported graphs' own way)",
+    )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="On CUDA, capture the runs whose shapes repeat as CUDA graphs and replay them (ONNX "
+        "Runtime's enable_cuda_graph): the decoder's in-place steps with the running batch padded to a "
+        "bucket, and the encoders' batches padded to batch and length buckets. Off until measured "
+        "(docs/PERFORMANCE.md, 'On a GPU')",
+    )
+    tensorrt: bool = Field(
+        default=False,
+        description="On CUDA, run the encoders (BERT heads, ViT) on ONNX Runtime's TensorRT provider first, "
+        "fp16, its engines cached in TENSORRT_CACHE_DIR; CUDA where TensorRT's libraries are missing",
+    )
+    tensorrt_cache_dir: str = Field(
+        default="",
+        description="TENSORRT=true: where TensorRT's engines and timing cache are kept across restarts "
+        "(default: a folder under the system's temporary directory)",
     )
     inter_op_threads: int = Field(default=1, ge=0)
     model_instances: int = Field(
@@ -167,6 +219,12 @@ class Settings(BaseSettings):
         description="While the event loop runs this many ms late (LoopLag), an HTTP request whose header or "
         "key makes it low priority is refused at the edge (429 `shed`) before any parsing; 0: never",
     )
+    shed_queue_depth: int = Field(
+        default=64,
+        ge=0,
+        description="FRONTENDS >= 1: a front end also sheds low-priority requests at the edge while the engine "
+        "has this many high- and normal-priority items waiting (its published queue depths); 0: never",
+    )
     header_read_timeout_s: float = Field(
         default=10.0,
         gt=0,
@@ -182,6 +240,39 @@ class Settings(BaseSettings):
 
     # --- generation (continuous batching) ------------------------------------------------
     max_running_sequences: int = Field(default=16, ge=1, description="Sequences decoded together per step")
+    prefix_cache_mib: float = Field(
+        default=64.0,
+        ge=0,
+        description="Automatic prefix caching: MiB of prompt-prefix KV blocks kept per generation model and "
+        "shared across requests (least recently used evicted first); 0: off",
+    )
+    prefix_cache_block_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Tokens per prefix-cache block (a prefix is reused in whole blocks)",
+    )
+    speculative_ngram_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="N-gram speculative decoding (prompt lookup): tokens proposed per step from the text's own "
+        "earlier n-grams and checked in one model call; 0: off",
+    )
+    speculative_ngram_max: int = Field(default=3, ge=1, le=16, description="Longest n-gram matched")
+    speculative_ngram_min: int = Field(default=2, ge=1, le=16, description="Shortest n-gram matched")
+    speculative_ngram_max_rows: int = Field(
+        default=4,
+        ge=1,
+        description="Speculate only while the running batch holds at most this many sequences (a larger batch "
+        "already keeps the cores busy; its wider checks cost more than the proposals save)",
+    )
+    chat_template: Path | None = Field(
+        default=None,
+        description="A Jinja2 chat template file for POST /v1/chat/completions, used by every text-generation "
+        "model in place of its manifest's chat_template (as vLLM's --chat-template); unset: the manifest's, "
+        "and a model without one answers chat with 400",
+    )
 
     # --- request limits ------------------------------------------------------------------
     max_text_chars: int = Field(default=4096, ge=1, description="Characters per text, prompt or question")
@@ -221,6 +312,12 @@ class Settings(BaseSettings):
         "counts): what bounds a request's compute (docs/CONFIGURATION.md, 'Cost per request')",
     )
 
+    gc_threshold: int = Field(
+        default=10000,
+        ge=0,
+        description="Allocations between two collections of Python's youngest generation once the service "
+        "is ready (0: Python's 700); what start-up built is frozen out of the collector then (service/gc_tuning.py)",
+    )
     malloc_trim_mib: int = Field(
         default=32,
         ge=0,
@@ -271,7 +368,7 @@ class Settings(BaseSettings):
     )
     api_keys_file: Path | None = Field(
         default=None,
-        description="TOML or YAML file of API keys with limits (service/quotas.py): per key an id, the "
+        description="TOML or YAML file of API keys with limits (service/access/quotas.py): per key an id, the "
         "key's sha256, requests and tokens per minute, a default priority, the models it may use; shared "
         "by every replica through REDIS_URL. Its keys are accepted beside API_KEYS",
     )
@@ -318,6 +415,27 @@ class Settings(BaseSettings):
             buckets = getattr(self, name)
             if any(b <= 0 for b in buckets) or sorted(set(buckets)) != buckets:
                 raise ValueError(f"{name.upper()} must be positive and strictly ascending, got {buckets}")
+        return self
+
+    @model_validator(mode="after")
+    def _one_process_model(self) -> Settings:
+        if self.frontends and self.workers > 1:
+            raise ValueError(
+                "FRONTENDS (the split service's front ends) and WORKERS > 1 (whole copies) exclude "
+                "each other: set one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_is_whole(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS_CERT_FILE and TLS_KEY_FILE go together: set both, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("TLS_CLIENT_CA_FILE (mutual TLS) needs TLS_CERT_FILE and TLS_KEY_FILE")
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name.upper()} {path} is not a readable file")
         return self
 
     @model_validator(mode="after")

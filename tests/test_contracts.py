@@ -16,8 +16,8 @@ from service.api.oip.metadata import model_metadata
 from service.api.oip.tasks import core_parameters, outputs_of, signature
 from service.errors import InvalidInputError
 from service.inference.params import sampling_params
-from service.inference.registry import PREFERRED_DEFAULTS
 from service.inference.service import _BY_TASK
+from service.models.registry import PREFERRED_DEFAULTS
 from service.pipelines.contract import RANGES, Range
 from service.pipelines.factory import PIPELINES
 from service.pipelines.results import Classification, Embedding, LabelScore

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,12 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 
 from harness.ports import free_port
+from service.observe.tracing import tracing_configured
 from service.settings import Settings
-from service.tracing import tracing_configured
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -523,7 +523,7 @@ def test_compose_api(compose: dict[str, Any]) -> None:
     assert api["stop_signal"] == "SIGTERM"
     assert _seconds(api["stop_grace_period"]) > float(api["environment"]["SHUTDOWN_TIMEOUT_S"])
     environment = api["environment"]
-    # Valid settings; OTEL_* are OpenTelemetry's own variables, read by its SDK (service/tracing.py).
+    # Valid settings; OTEL_* are OpenTelemetry's own variables, read by its SDK (service/observe/tracing.py).
     Settings(**{key.lower(): value for key, value in environment.items() if not key.startswith("OTEL_")})
     assert environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""  # traces off unless asked for
     assert not tracing_configured(environment)
@@ -610,6 +610,9 @@ def test_compose_scaled_profile() -> None:
     assert [Path(f).name for f in files] == ["haproxy.cfg", "servers.compose.cfg"]
     assert [(p["target"], p["published"]) for p in lb["ports"]] == [(8000, "8080")]
     assert lb["healthcheck"]["test"][0] == "CMD-SHELL" and "127.0.0.1/8404" in lb["healthcheck"]["test"][1]
+    # lb is healthy once a replica is in rotation: no replica yet while they load is no failure yet, or
+    # `up --wait` would give up on lb before the replicas are ready.
+    assert _seconds(lb["healthcheck"]["start_period"]) >= _seconds(api["healthcheck"]["start_period"])
     haproxy = shutil.which("haproxy")
     if haproxy is not None:  # the test path installs it (tests/test_replicas.py needs it)
         result = _run(

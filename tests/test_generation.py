@@ -552,3 +552,43 @@ def test_cuda_io_binding_matches_recomputation_and_solo_runs(tiny_models: Path) 
             name_a=f"CUDA shared ({scenario.__name__})",
             name_b="CUDA alone",
         )
+
+
+# --- logit_bias, min_tokens -------------------------------------------------------------------------
+
+
+def test_min_tokens_bans_the_end_of_text_and_logit_bias_steers_tokens(gpt: LoadedModel) -> None:
+    prompt = encode(gpt, PROMPTS[1])
+    eos = gpt.manifest.token("eos")
+    # +100 on the end of text makes it the first token; min_tokens holds it off until the 5th
+    ends = SamplingParams(max_new_tokens=20, temperature=0.0, logit_bias=((eos, 100.0),))
+
+    async def scenario(engine: GenerationEngine) -> list[GenerationResult]:
+        plain = await engine.submit(GenerationRequest(prompt, ends)).result()
+        held = await engine.submit(GenerationRequest(prompt, replace(ends, min_tokens=5))).result()
+        banned = await engine.submit(
+            GenerationRequest(prompt, replace(GREEDY, max_new_tokens=12, logit_bias=((7, 100.0),)))
+        ).result()
+        return [plain, held, banned]
+
+    plain, held, forced = run_engine(gpt, scenario)
+    assert plain.token_ids == [eos] and plain.finish_reason == "eos"
+    assert len(held.token_ids) == 6 and held.token_ids[-1] == eos and eos not in held.token_ids[:-1]
+    assert held.finish_reason == "eos"
+    assert forced.token_ids[0] == 7  # the repetition penalty then pushes it away again
+
+
+def test_min_tokens_ignores_a_stop_string_before_it() -> None:
+    pieces = ["a", "b", ".", "c", ".", "d"]
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    early = IncrementalDetokenizer(decode, ["."])
+    texts = []
+    for n in range(1, len(pieces) + 1):  # the engine stops asking once it has stopped
+        texts.append(early.step(list(range(n)), stop_allowed=n >= 4))
+        if early.stopped:
+            break
+    assert early.stopped and early.text == "ab.c"  # the "." at 3 came before min_tokens 4; the one at 5 stops
+    assert "".join(texts) == "ab.c" and n == 5

@@ -17,10 +17,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import onnx
 import pytest
 
@@ -137,20 +139,27 @@ def test_parts_fit_and_list_each_other(packed: tuple[Path, dict[str, object]]) -
     out, info = packed
     parts, payloads = info["parts"], info["payloads"]
     assert isinstance(parts, list) and isinstance(payloads, dict) and len(parts) > 3
+    calls = max(p["folder"] for p in parts)
     folders = sorted(out.iterdir(), key=lambda f: int(f.name.split("-")[1]))
-    assert [f.name for f in folders] == [f"carry-{i}" for i in range(1, len(parts) + 1)]
-    for folder, part in zip(folders, parts, strict=True):
-        (sent,) = (f for f in folder.iterdir() if f.name != "parts.json")
-        assert sent.name == part["name"] and sent.stat().st_size == part["bytes"] <= 2048
+    assert [f.name for f in folders] == [f"carry-{i}" for i in range(1, calls + 1)]
+    for index, folder in enumerate(folders, 1):
+        held = [p for p in parts if p["folder"] == index]
+        sent = sorted(f.name for f in folder.iterdir() if f.name != "parts.json")
+        assert sent == sorted(p["name"] for p in held)
+        assert sum((folder / p["name"]).stat().st_size for p in held) == sum(p["bytes"] for p in held) <= 2048
         listing = json.loads((folder / "parts.json").read_text())  # every call can tell what the run lacks
         assert [p["name"] for p in listing["payloads"]["core"]["parts"]] == [
             p["name"] for p in parts if p["name"].startswith("core-")
         ]
+    # A payload's last part and the next one's first share a call where they fit: no call is half empty.
+    assert all(sum(p["bytes"] for p in parts if p["folder"] == k) == 2048 for k in range(1, calls))
+    core_last = [p for p in parts if p["name"].startswith("core-")][-1]
+    assert core_last["bytes"] == 2048 or core_last["folder"] == parts[parts.index(core_last) + 1]["folder"]
     for name, payload in payloads.items():
         joined = b"".join(
-            (folder / p["name"]).read_bytes()
-            for folder, p in zip(folders, parts, strict=True)
-            if p["name"].startswith(name)
+            (out / f"carry-{p['folder']}" / p["name"]).read_bytes()
+            for p in parts
+            if p["name"].startswith(name + "-")
         )
         assert joined == payload
 
@@ -162,14 +171,17 @@ def test_staged_call_by_call_then_joined_and_installed(
     parts = info["parts"]
     assert isinstance(parts, list)
     stage, work = tmp_path / "stage", tmp_path / "work"
-    for index in range(1, len(parts)):  # every call but the last only stages its part
+    calls = max(p["folder"] for p in parts)
+    for index in range(1, calls):  # every call but the last only stages its part
         staged = _device("stage", _call(out, index, tmp_path), stage, work)
         assert staged.returncode == 0, staged.stderr
     early = _device("unpack", tmp_path / "nothing", stage, work)  # the last (extra) part not carried yet
     assert early.returncode == 0, early.stderr  # the optional payload is left out, saying which part
-    assert f"payload extra left out: parts not staged ['{parts[-1]['name']}']" in early.stdout
+    unsent = [p["name"] for p in parts if p["folder"] == calls]
+    assert all(name.startswith("extra-") for name in unsent)
+    assert f"payload extra left out: parts not staged {unsent}" in early.stdout
     assert not (work / "models" / "qa").exists()
-    last = _device("unpack", _call(out, len(parts), tmp_path), stage, work)
+    last = _device("unpack", _call(out, calls, tmp_path), stage, work)
     assert last.returncode == 0, last.stderr
     assert sorted(p.name for p in work.iterdir()) == ["data", "models", "site", "tiny-models", "wheels"]
     assert "unpacked ['core', 'extra']" in last.stdout
@@ -443,3 +455,134 @@ def test_node_placement_is_read_from_onnx_runtime_s_verbose_log() -> None:
     assert fp16["cpu_ops"] == {"Shape": 2, "Gather": 1}
     assert fp16["cpu_raw"][0] == "Shape (/bert/Shape)"
     assert found["/m/vit.onnx"] == {"nodes": {"CUDAExecutionProvider": 54}, "cpu_ops": {}, "cpu_raw": []}
+
+
+# --- the engine on the device: what the GPU run adds, wired and checked here -------------------------
+
+
+def test_gpt_is_carried_with_its_fp16_step_graph_which_decodes_on_device_buffers(
+    tiny_models: Path, tmp_path: Path
+) -> None:
+    """pack.py adds GPT's in-place step graph in float16 to the carried folder (listed, hashed, its step
+    difference recorded); the service loads the folder as it is, and the step decodes over device buffers
+    (here ONNX Runtime's CPU provider, whose GroupQueryAttention takes float16 too) near the fp16 Concat
+    decoder."""
+    import io
+    import tarfile
+
+    from test_device_kv import _decode_with_joins_and_leaves
+
+    from service.engine.decoder_graph import DecoderGraph
+    from service.engine.repository import load_model
+    from service.engine.runtime import Graph, RuntimeOptions
+
+    pack = _script("pack")
+    payload = pack.build_payload([], None, {"gpt": (tiny_models / "gpt", "fused")}, None)
+    with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    folder = tmp_path / "models" / "gpt"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fp16 = manifest["variants"]["fp16"]
+    step = fp16["inplace_decode"]["model"]
+    assert step == "model.fp16.inplace.onnx" and (folder / step).is_file()
+    assert manifest["files"][step]["sha256"] == hashlib.sha256((folder / step).read_bytes()).hexdigest()
+    assert manifest["version"] == content_version(manifest["files"])
+    assert 0 < fp16["inplace_max_abs_diff"] < 0.05  # float16 rounding, not a wrong column
+    ops = {n.op_type for n in onnx.load(str(folder / step)).graph.node}
+    assert "GroupQueryAttention" in ops and "Concat" not in ops
+    model = load_model(folder, RuntimeOptions(device="cpu", variant="fp16"))  # hashes and files check out
+    half = Graph(folder / fp16["graphs"]["model"], RuntimeOptions(device="cpu"))
+    concat = DecoderGraph(half, model.manifest)
+    on_device = DecoderGraph(
+        half, model.manifest, Graph(folder / step, RuntimeOptions(device="cpu")), device_buffers=True
+    )
+    assert on_device.device_step is not None and on_device.device_step.dtype == np.float16
+    want = _decode_with_joins_and_leaves(concat, model)
+    got = _decode_with_joins_and_leaves(on_device, model)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert float(np.abs(a - b).max()) < 0.05, f"step {i}"
+
+
+def _deb(folder: Path) -> Path:
+    """A real, minimal .deb (dpkg-deb --build) holding usr/bin/wrk, a script that prints wrk's result line."""
+    root = folder / "fakewrk"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: wrk\nVersion: 4.1.0-0\nArchitecture: all\nMaintainer: test <t@example.org>\nDescription: test\n"
+    )
+    (root / "usr" / "bin").mkdir(parents=True)
+    (root / "usr" / "bin" / "wrk").write_text("#!/bin/sh\necho wrk 4.1.0\n")
+    (root / "usr" / "bin" / "wrk").chmod(0o755)
+    deb = folder / "wrk_4.1.0-0_all.deb"
+    subprocess.run(
+        ["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True, capture_output=True
+    )
+    return deb
+
+
+def test_two_calls_share_one_install_and_each_runs_its_phase(tmp_path: Path) -> None:
+    """The engine call joins, installs (the service's wheels, PyTriton's apart) and unpacks wrk's .deb; the
+    table call on the same machine finds them installed and runs its phase only; both bring back their logs."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb is not installed")
+    pack = _script("pack")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    core = pack.build_payload([_wheel(wheels)], None, {}, None, [_deb(tmp_path)])
+    triton = pack.build_payload([_wheel(wheels)], None, {}, None, wheel_folder="triton-wheels")
+    out = tmp_path / "carry"
+    pack.split({"core": core, "triton": triton}, 1 << 20, out)
+    stage, work, results = tmp_path / "stage", tmp_path / "work", tmp_path / "out"
+    env = {
+        **os.environ,
+        "GPU_CARRY": str(out),
+        "GPU_STAGE": str(stage),
+        "GPU_WORK": str(work),
+        "OUT": str(results),
+    }
+    script = [sys.executable, str(ROOT / "scripts" / "gpu" / "device_run.py"), "run", "--dry-run"]
+    summaries = []
+    for phase, skipped in (("engine", ["pytest", "inplace", "bench_engine"]), ("table", ["bench_table"])):
+        proc = subprocess.run(
+            [*script, "--phase", phase, "--skip", *skipped, "--seconds", "120"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        summaries.append(json.loads((results / "summary.json").read_text()))
+    first, second = summaries
+    steps = {"install", "triton_venv", "install_triton", "providers"}
+    assert first["phase"] == "engine" and set(first["steps"]) == steps, first["steps"]
+    assert second["phase"] == "table" and second["steps"] == {}  # installed already; its one step skipped
+    assert first["wrk"] == second["wrk"] == str(work / "wrk-root" / "usr" / "bin" / "wrk")
+    assert subprocess.run([first["wrk"]], capture_output=True, text=True).stdout.strip() == "wrk 4.1.0"
+    venv = (
+        work / "triton-venv" / "bin" / "python"
+    )  # PyTriton's own venv, the service's packages after its own
+    found = subprocess.run(
+        [str(venv), "-c", "import gpu_probe, onnxruntime; print(gpu_probe.__file__)"],
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 0, found.stderr
+    assert "triton-venv" in found.stdout
+    with tarfile.open(results / "logs.tar.gz") as tar:  # the second call's logs hold the first's too
+        assert {"logs/install.log", "logs/providers.log"} <= set(tar.getnames())
+
+
+def test_the_gpu_plan_has_each_figure_the_issue_asks_for() -> None:
+    """Phase ``engine`` the in-process A/B; phase ``table`` every ratio of the GPU table, each key once."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu
+
+    keys = {phase: [key for key, _, _ in plan] for phase, plan in gpu.PLAN.items()}
+    assert keys["engine"] == ["gpu_engine"]
+    wanted = ["kv_cache", "continuous_batching", "continuous_batching_cuda_graphs", "batching", "overhead"]
+    assert keys["table"][:7] == [*wanted, "wrk_sweep", "triton_gpu"]
+    assert keys["all"] == keys["engine"] + keys["table"] and len(set(keys["all"])) == len(keys["all"])
+    plan = dict((key, extra) for key, _, extra in gpu.PLAN["table"])
+    assert plan["continuous_batching"]["streams"] == [1, 16, 64]
+    assert plan["continuous_batching_cuda_graphs"]["server_env"] == {"CUDA_GRAPHS": "true"}
+    assert plan["wrk_sweep"]["connections"] == plan["triton_gpu"]["connections"] == [32, 64, 256]

@@ -98,7 +98,7 @@ def test_a_translator_with_two_instances_translates_as_one_does(tiny_models: Pat
 
 
 def test_the_setting_reaches_the_sessions() -> None:
-    from service.inference.loading import runtime_options
+    from service.models.loading import runtime_options
     from service.settings import Settings
 
     assert runtime_options(Settings(model_instances=3)).instances == 3

@@ -31,7 +31,7 @@ from test_deployment import DOCKERFILE, K8S, _all, _kustomize, _service_stage, _
 
 from harness.service_process import ServiceProcess
 from model_export.profiles import MODEL_NAMES
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

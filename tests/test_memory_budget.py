@@ -1,4 +1,4 @@
-"""MODEL_MEMORY_BUDGET's choice of what to unload (service/inference/service.py ``_make_room``), on the
+"""MODEL_MEMORY_BUDGET's choice of what to unload (service/models/host.py ``_make_room``), on the
 real tiny pipelines in process: the least recently used idle model goes, and a model at work never does,
 whether a request holds it or a stream's sequences still run. Sizes are set, not measured here
 (tests/test_model_control.py measures them in a process of their own)."""
@@ -12,10 +12,11 @@ import pytest
 
 from service.cache.response_cache import ResponseCache
 from service.engine.sampling import SamplingParams
-from service.errors import ModelUnavailableError
+from service.errors import ModelTooLargeError, ModelUnavailableError, problem_of
 from service.inference.limits import RequestLimits
-from service.inference.loading import Loader
 from service.inference.service import InferenceService
+from service.models.host import ModelHost
+from service.models.loading import Loader
 from service.settings import Settings
 
 THREE = ["bert-classifier", "bert-tagger", "gpt"]
@@ -26,17 +27,14 @@ async def _core(models: Path) -> InferenceService:
         MODEL_REPOSITORY=models, SERVED_MODELS=THREE, CACHE_ENABLED=False, MODEL_MEMORY_BUDGET=1000
     )
     loader = Loader(settings)
+    host = ModelHost(await loader.startup(THREE), loader, memory_budget=1000)
     core = InferenceService(
-        await loader.startup(THREE),
-        ResponseCache(None, ttl_s=60, prefix="t"),
-        RequestLimits.from_settings(settings),
-        loader=loader,
-        memory_budget=1000,
+        host, ResponseCache(None, ttl_s=60, prefix="t"), RequestLimits.from_settings(settings)
     )
     await core.start(warmup=False)
     for name in THREE:  # 400 bytes each, used in this order: the budget holds two
-        core.memory.record(core.registry.versions[name][0], 400, 0)
-        core.memory.touch(name)
+        core.host.memory.record(core.registry.versions[name][0], 400, 0)
+        core.host.memory.touch(name)
     return core
 
 
@@ -47,10 +45,10 @@ def test_the_least_recently_used_idle_model_goes_and_one_at_work_stays(tiny_mode
             held = core.registry.versions["bert-classifier"][0]  # the least recently used, but held
             tagger = core.registry.versions["bert-tagger"][0]
             with held.leased():
-                await core._make_room("gpt", 0)
+                await core.host._make_room("gpt", 0)
             assert set(core.registry.versions) == {"bert-classifier", "gpt"}
-            assert core.memory.used() == 800
-            await core.retired()
+            assert core.host.memory.used() == 800
+            await core.host.retired()
             assert all(g.freed for g in tagger.model.graphs.values())  # the one that went: sessions freed
         finally:
             await core.stop(5)
@@ -62,12 +60,12 @@ def test_a_streams_running_sequences_keep_its_model(tiny_models: Path) -> None:
     async def scenario() -> None:
         core = await _core(tiny_models)
         try:
-            core.memory.touch("bert-classifier")
-            core.memory.touch("bert-tagger")  # gpt is now the least recently used
+            core.host.memory.touch("bert-classifier")
+            core.host.memory.touch("bert-tagger")  # gpt is now the least recently used
             streams = await core.open_streams(
                 ["KING:"], SamplingParams(max_new_tokens=40, temperature=0.0), "gpt"
             )
-            await core._make_room("bert-classifier", 0)  # its lease is gone, its sequence is not
+            await core.host._make_room("bert-classifier", 0)  # its lease is gone, its sequence is not
             assert "gpt" in core.registry.versions and "bert-tagger" not in core.registry.versions
             async for _ in streams:
                 pass
@@ -77,7 +75,33 @@ def test_a_streams_running_sequences_keep_its_model(tiny_models: Path) -> None:
                 gpt.leased(),
                 classifier.leased(),
             ):
-                await core._make_room("bert-tagger", 400)  # both at work: nothing may go
+                await core.host._make_room("bert-tagger", 400)  # both at work: nothing may go
+        finally:
+            await core.stop(5)
+
+    asyncio.run(scenario())
+
+
+def test_a_model_too_large_for_the_budget_alone_is_refused_and_nothing_is_unloaded_for_it(
+    tiny_models: Path,
+) -> None:
+    """A model whose estimate (its last measurement, 2000 bytes) passes the budget (1000) by itself: its
+    load is refused at once, and the two resident models stay, idle as they are."""
+
+    async def scenario() -> None:
+        core = await _core(tiny_models)
+        try:
+            gpt = core.registry.versions["gpt"][0]
+            core.host.memory.record(gpt, 2000, 0)  # gpt measured at 2000 bytes: more than the budget of 1000
+            for pipeline in core.registry.remove("gpt"):
+                core.host._retire(pipeline)
+                core.host.memory.forget(pipeline)
+            await core.host.retired()
+            assert set(core.registry.versions) == {"bert-classifier", "bert-tagger"}
+            with pytest.raises(ModelTooLargeError, match="MODEL_MEMORY_BUDGET"):
+                await core.resident("gpt")
+            assert set(core.registry.versions) == {"bert-classifier", "bert-tagger"}  # nothing evicted
+            assert problem_of(ModelTooLargeError("x")).status == 507
         finally:
             await core.stop(5)
 

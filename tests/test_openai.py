@@ -214,3 +214,57 @@ def test_api_keys_work_with_the_client(tiny_models: Path) -> None:
         assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "unauthorized"
         right = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-right", max_retries=0)
         assert right.completions.create(model="gpt", prompt=PROMPT, max_tokens=2).choices[0].index == 0
+
+
+def test_logit_bias_min_tokens_and_best_of(client: openai.OpenAI, http: httpx.Client) -> None:
+    args = {"model": "gpt", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    plain = client.completions.create(**args).choices[0]  # type: ignore[call-overload]
+    eos_first = client.completions.create(**args, logit_bias={"0": 100})  # type: ignore[call-overload]
+    assert eos_first.choices[0].text == "" and eos_first.choices[0].finish_reason == "stop"
+    held = client.completions.create(**args, logit_bias={"0": 100}, extra_body={"min_tokens": 3})  # type: ignore[call-overload]
+    assert held.usage is not None and held.usage.completion_tokens == 4  # three tokens, then the end of text
+    assert held.choices[0].finish_reason == "stop" and plain.text.startswith(held.choices[0].text)
+    # best_of: 5 seeded sequences, the 2 of highest cumulative logprob, best first; usage counts all 5
+    sampled = {"model": "gpt", "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": 11}
+    best = client.completions.create(**sampled, n=2, best_of=5, logprobs=0)  # type: ignore[call-overload]
+    every = client.completions.create(**sampled, n=5, logprobs=0)  # type: ignore[call-overload]
+    scores = [sum(c.logprobs.token_logprobs) for c in every.choices]  # type: ignore[union-attr,arg-type]
+    ranked = sorted(range(5), key=lambda i: -scores[i])[:2]
+    assert [c.text for c in best.choices] == [every.choices[i].text for i in ranked]
+    assert [c.index for c in best.choices] == [0, 1]
+    assert best.usage is not None and every.usage is not None
+    assert best.usage.completion_tokens == every.usage.completion_tokens
+    quiet = client.completions.create(**sampled, n=2, best_of=5)  # type: ignore[call-overload]
+    assert [c.text for c in quiet.choices] == [c.text for c in best.choices]
+    assert all(c.logprobs is None for c in quiet.choices)
+    # REST takes the same two fields
+    rest = http.post(
+        "/v1/generate",
+        json={
+            "prompt": PROMPT,
+            "max_new_tokens": 8,
+            "temperature": 0,
+            "logit_bias": {"0": 100},
+            "min_tokens": 3,
+        },
+    ).json()["results"][0]
+    assert rest["text"] == held.choices[0].text and rest["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"logit_bias": {"400": 1}}, "logit_bias"),  # the tiny GPT has 400 tokens
+        ({"extra_body": {"min_tokens": 5}}, "min_tokens"),  # over max_tokens 4
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"best_of": 2, "stream": True}, "best_of"),
+    ],
+)
+def test_bad_generation_extras_are_400_naming_the_field(
+    client: openai.OpenAI, kwargs: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="gpt", prompt=PROMPT, max_tokens=4, **kwargs)  # type: ignore[call-overload]
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == param

@@ -1,10 +1,11 @@
-"""Quotas per API key (service/quotas.py): the keys file, the sliding windows, and real replicas sharing
+"""Quotas per API key (service/access/quotas.py): the keys file, the sliding windows, and real replicas sharing
 one real redis-server on a free port, through both doors' key rules."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from conftest import RedisServer
 from servers import metric
 
 from harness.service_process import ServiceProcess
-from service.quotas import KeysFileError, LocalWindows, identify, load_keys_file
+from service.access.quotas import KeysFileError, LocalWindows, identify, load_keys_file
 
 KEYS = {
     "team-a": "key-of-team-a",
@@ -180,7 +181,7 @@ def test_with_redis_gone_quotas_fail_open_counted(replicas: tuple[list[ServicePr
 
 def test_the_fail_mode_is_the_operators_when_the_store_is_unreachable() -> None:
     from harness.ports import free_port
-    from service.quotas import KeyEntry, Quotas, RedisWindows
+    from service.access.quotas import KeyEntry, Quotas, RedisWindows
 
     entry = KeyEntry("k", "0" * 64, requests_per_minute=5)
 
@@ -195,3 +196,19 @@ def test_the_fail_mode_is_the_operators_when_the_store_is_unreachable() -> None:
         assert not closed.allowed and closed.unavailable
 
     asyncio.run(scenario())
+
+
+def test_workers_without_redis_refuse_to_start_with_limited_keys(tmp_path: Path) -> None:
+    """Each worker would count a key's limits on its own: a key would get WORKERS times its entitlement."""
+    import subprocess
+    import sys
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS_TOML)
+    env = {**os.environ, "API_KEYS_FILE": str(keys), "WORKERS": "2", "MODEL_REPOSITORY": str(tmp_path)}
+    env.pop("REDIS_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "WORKERS=2 without REDIS_URL" in done.stderr and "team-a" in done.stderr, done.stderr[-2000:]

@@ -271,7 +271,7 @@ def _restart(victim: ServiceProcess, balancer: Balancer) -> float:
 
 
 @contextlib.contextmanager
-def _throttled(replica: ServiceProcess, run_s: float = 0.002, pause_s: float = 0.03) -> Iterator[None]:
+def _throttled(replica: ServiceProcess, run_s: float = 0.001, pause_s: float = 0.05) -> Iterator[None]:
     """The replica slowed to a few percent of a core: SIGSTOP and SIGCONT in turn, until the block ends."""
     stop = threading.Event()
     proc = replica.proc

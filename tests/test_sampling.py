@@ -169,3 +169,37 @@ def test_prompt_token_logprobs_score_each_token_from_the_row_before() -> None:
         assert entries[t].token_id == prompt[t]
         assert entries[t].logprob == pytest.approx(logprobs(logits[t - 1])[prompt[t]])
         assert len(entries[t].top) == 2
+
+
+def test_logit_bias_adds_to_the_logits_before_the_pick() -> None:
+    assert draws(SamplingParams(temperature=0, logit_bias=((1, 5.0),)), 1) == [1]  # 1 + 5 beats 3
+    assert draws(SamplingParams(temperature=0, logit_bias=((3, -100.0),)), 1) == [0]  # the argmax banned
+    sampler = TokenSampler(SamplingParams(logit_bias=((4, 2.5),)))
+    scores = sampler.scores(LOGITS, [])
+    assert scores[4] == pytest.approx(LOGITS[4] + 2.5) and scores[0] == pytest.approx(LOGITS[0])
+    # the sampled distribution is the biased softmax
+    counts = Counter(draws(SamplingParams(seed=1, logit_bias=((4, 4.0),)), 20_000))
+    biased = LOGITS.astype(np.float64).copy()
+    biased[4] += 4.0
+    assert counts[4] / 20_000 == pytest.approx(softmax(biased)[4], abs=0.015)
+
+
+def test_allowed_mask_keeps_draws_inside_it() -> None:
+    allowed = np.array([True, False, True, False, False, True])
+    sampler = TokenSampler(SamplingParams(seed=3, temperature=1.5))
+    picks = {sampler.next_token(LOGITS, [], (), allowed) for _ in range(500)}
+    assert picks <= {0, 2, 5} and len(picks) == 3
+    greedy = TokenSampler(SamplingParams(temperature=0))
+    assert greedy.next_token(LOGITS, [], (), allowed) == 0  # the best allowed one, not 3
+
+
+def test_extreme_penalties_and_temperatures_stay_finite() -> None:
+    """A repetition penalty of 5e-324 divides a seen positive logit into infinity, a tiny temperature the
+    rest: the sampler still picks a token (the one the order says), never NaN or an error."""
+    for params in (
+        SamplingParams(repetition_penalty=5e-324, temperature=0),
+        SamplingParams(repetition_penalty=5e-324, seed=1),
+        SamplingParams(repetition_penalty=5e-324, temperature=1e-300, seed=1, top_p=0.5),
+    ):
+        sampler = TokenSampler(params)
+        assert sampler.next_token(LOGITS, [0, 3]) in (0, 3)  # the seen positive logits went to the top

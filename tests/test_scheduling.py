@@ -231,3 +231,57 @@ def test_while_the_event_loop_lags_low_priority_is_shed_at_the_edge_and_the_rest
         f"{server.url}/v1/classify", json={"text": "later"}, headers={"X-Request-Priority": "low"}, timeout=30
     )
     assert again.status_code == 200, again.text
+
+
+# --- malformed scheduling input is a 4xx naming its field, never a 500 --------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"--5", b"-5", b"\xb2", "\u0662".encode(), b"9" * 400, b"9" * 5000, b"1.5", b"0", b"", b"5 5"],
+    ids=[
+        "double-minus",
+        "negative",
+        "superscript-two",
+        "arabic-digit",
+        "400-digits",
+        "5000-digits",
+        "decimal",
+        "zero",
+        "empty",
+        "two-numbers",
+    ],
+)
+def test_a_malformed_timeout_header_is_a_422_naming_it_on_every_path(
+    server: LiveServer, value: bytes
+) -> None:
+    headers = [(b"x-request-timeout-ms", value)]
+    for method, path, body in (("POST", "/v1/classify", {"text": "x"}), ("GET", "/health/ready", None)):
+        r = httpx.request(method, f"{server.url}{path}", json=body, headers=headers, timeout=30)
+        assert r.status_code == 422, (path, r.status_code, r.text[:300])
+        error = r.json()["error"]
+        assert error["field"] == "X-Request-Timeout-Ms" and error["type"] == "validation_error", error
+
+
+def test_a_scheduling_header_sent_twice_is_refused_naming_it(server: LiveServer) -> None:
+    for name, values in (("X-Request-Priority", ("high", "low")), ("X-Request-Timeout-Ms", ("100", "200"))):
+        headers = [(name, v) for v in values]
+        r = httpx.post(f"{server.url}/v1/classify", json={"text": "x"}, headers=headers, timeout=30)
+        assert r.status_code == 422 and r.json()["error"]["field"] == name, r.text
+        assert "sent 2 times" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("digits", [400, 4000])
+def test_an_overlong_oip_timeout_is_a_4xx_naming_it_on_infer_and_generate(
+    server: LiveServer, digits: int
+) -> None:
+    huge = int("9" * digits)
+    infer = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+        "parameters": {"timeout": huge},
+    }
+    generate = {"text_input": "KING:", "parameters": {"max_tokens": 2, "timeout": huge}}
+    for path, body in (("/v2/models/bert-classifier/infer", infer), ("/v2/models/gpt/generate", generate)):
+        r = httpx.post(f"{server.url}{path}", content=json.dumps(body), timeout=30)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text[:300])
+        assert "parameters.timeout" in r.text, r.text[:300]

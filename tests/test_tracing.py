@@ -1,4 +1,4 @@
-"""Traces (service/tracing.py, service/spans.py) exported to real OTLP receivers on loopback (harness/otlp.py):
+"""Traces (service/observe/tracing.py, service/observe/spans.py) exported to real OTLP receivers on loopback (harness/otlp.py):
 the caller's W3C trace is continued on both doors, through the core to the queue and the batch that served
 it; a batch's span links every request it served; a stream's spans end with it; the sampler is obeyed; and
 a receiver that is down fails nothing and is counted."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +23,14 @@ from servers import LiveServer, metric
 from harness.otlp import OtlpHttpReceiver, OtlpReceiver, ReceivedSpan
 from harness.ports import free_port
 from harness.service_process import ServiceProcess
-from service import spans
-from service.settings import Settings
-from service.tracing import (
+from service.observe import spans
+from service.observe.tracing import (
     DEFAULT_SERVICE_NAME,
     protocol_from_environment,
     resource_from_environment,
     tracing_configured,
 )
+from service.settings import Settings
 
 SERVER = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 
@@ -123,31 +124,58 @@ def test_with_the_sampler_off_nothing_is_exported(
     assert receiver.spans == []
 
 
+DROPPED = "tserve_trace_spans_dropped_total"
+
+
+def _traced_classify(url: str, text: str) -> None:
+    """One classify request carrying a sampled trace context; it must answer 200 whatever the collector does."""
+    r = httpx.post(f"{url}/v1/classify", json={"text": text}, headers=_traceparent()[2], timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def _dropped_within(url: str, reason: str, seconds: float = 20) -> float:
+    """The spans counted as dropped for ``reason``, once the count moves or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while metric(url, DROPPED, reason=reason) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return metric(url, DROPPED, reason=reason)
+
+
 def test_a_receiver_that_is_down_fails_no_request_and_what_is_lost_is_counted(
     tiny_models: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _trace_to(
-        monkeypatch,
-        f"http://127.0.0.1:{free_port()}",
-        OTEL_EXPORTER_OTLP_TIMEOUT="1",  # seconds: each export gives up after one
-        OTEL_BSP_MAX_QUEUE_SIZE="8",  # a request makes more spans than that: the queue overflows
-        OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8",
-    )
-    dropped = "tserve_trace_spans_dropped_total"
+    """A collector that refuses connections: every export fails at once, no request does."""
+    _trace_to(monkeypatch, f"http://127.0.0.1:{free_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="1")
     with LiveServer(_settings(tiny_models)) as server:
         for i in range(5):
-            r = httpx.post(
-                f"{server.url}/v1/classify",
-                json={"text": f"nobody collects this {i}"},
-                headers=_traceparent()[2],
-                timeout=30,
-            )
-            assert r.status_code == 200, r.text
-        assert metric(server.url, dropped, reason="queue_full") > 0
-        deadline = time.monotonic() + 20
-        while metric(server.url, dropped, reason="export_failed") == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert metric(server.url, dropped, reason="export_failed") > 0
+            _traced_classify(server.url, f"nobody collects this {i}")
+        assert _dropped_within(server.url, "export_failed") > 0
+
+
+def test_a_receiver_that_hangs_fills_the_queue_and_what_is_lost_is_counted(
+    tiny_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that takes connections and never answers: each export holds the exporter for its whole
+    timeout, so spans ending meanwhile overflow the bounded queue; they are dropped and counted, and no
+    request waits for them. (With a refused connection the export fails in milliseconds and the queue may
+    never fill: that made a queue_full assertion flaky.)"""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # the kernel completes the handshakes; nothing ever reads or answers
+        _trace_to(
+            monkeypatch,
+            f"http://127.0.0.1:{hole.getsockname()[1]}",
+            OTEL_EXPORTER_OTLP_TIMEOUT="2",  # seconds: each export gives up after two
+            OTEL_BSP_MAX_QUEUE_SIZE="8",  # a request makes several spans: a few requests fill it
+            OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8",
+        )
+        with LiveServer(_settings(tiny_models)) as server:
+            for i in range(40):  # until the queue has overflowed: a few requests while an export hangs
+                _traced_classify(server.url, f"nobody answers for this {i}")
+                if metric(server.url, DROPPED, reason="queue_full") > 0:
+                    break
+            assert metric(server.url, DROPPED, reason="queue_full") > 0
+            assert _dropped_within(server.url, "export_failed") > 0
 
 
 def test_the_otlp_protocol_is_the_standard_variables_and_one_without_an_exporter_is_refused() -> None:
@@ -412,3 +440,27 @@ def test_json_logs_carry_the_trace_and_span_of_the_request_they_were_written_in(
     assert access["request_id"] == r.headers["x-request-id"]
     assert access["model"] == "bert-classifier" and "/v1/classify" in access["message"]
     assert {"time", "level"} <= set(access)
+
+
+def test_the_final_export_at_shutdown_is_bounded_when_the_collector_does_not_answer(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector that accepts connections and never answers held an idle service's exit for the
+    exporter's whole timeout (6-8 s with the defaults): the final flush now gives up after its bound."""
+    from service.observe.tracing import Tracing
+
+    with socket.socket() as silent:  # listens, never accepts: connections hang in its backlog
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        _trace_to(monkeypatch, f"http://127.0.0.1:{silent.getsockname()[1]}", OTEL_EXPORTER_OTLP_TIMEOUT="30")
+        tracing = Tracing.from_environment()
+        assert tracing.provider is not None
+        tracing.provider.get_tracer("test").start_span("queued at exit").end()
+        assert tracing.shutdown(within_s=0.5) is False  # gave up on the collector, did not wait 30 s
+
+    _trace_to(monkeypatch, receiver.endpoint)  # a collector that answers: everything exported in time
+    tracing = Tracing.from_environment()
+    assert tracing.provider is not None
+    tracing.provider.get_tracer("test").start_span("exported at exit").end()
+    assert tracing.shutdown(within_s=10) is True
+    assert receiver.named("exported at exit")

@@ -39,6 +39,8 @@ class PeerSettings:
     intra_op_spinning: bool
     max_batch_size: int
     batch_timeout_s: float
+    variant: str = VARIANT  # PEER_VARIANT: which of the manifest's variants (the GPU table: fp16)
+    device: str = "cpu"  # PEER_DEVICE: cuda runs the graph on ONNX Runtime's CUDA provider
 
     @classmethod
     def from_env(cls) -> PeerSettings:
@@ -52,6 +54,8 @@ class PeerSettings:
             not in ("0", "false", "no", "off"),
             max_batch_size=int(os.environ.get("MAX_BATCH_SIZE", "32")),
             batch_timeout_s=float(os.environ.get("BATCH_TIMEOUT_MS", "0")) / 1000,
+            variant=os.environ.get("PEER_VARIANT", VARIANT),
+            device=os.environ.get("PEER_DEVICE", "cpu"),
         )
 
 
@@ -65,12 +69,18 @@ class FusedClassifier:
     """One model folder's fused graph, tokenizer and labels."""
 
     def __init__(
-        self, model_dir: Path, intra_op_threads: int = 0, inter_op_threads: int = 1, spinning: bool = True
+        self,
+        model_dir: Path,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 1,
+        spinning: bool = True,
+        variant_name: str = VARIANT,
+        device: str = "cpu",
     ) -> None:
         manifest = json.loads((model_dir / "manifest.json").read_text())
-        variant = manifest.get("variants", {}).get(VARIANT)
+        variant = manifest.get("variants", {}).get(variant_name)
         assert variant is not None, (
-            f"{model_dir} has no {VARIANT} variant: run `python -m model_export variants`"
+            f"{model_dir} has no {variant_name} variant: run `python -m model_export variants`"
         )
         self.name = model_dir.name
         self.labels: list[str] = manifest["labels"]
@@ -86,7 +96,12 @@ class FusedClassifier:
             so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         so.log_severity_level = 3
         path = model_dir / variant["graphs"]["model"]
-        self.session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+        providers: list[object] = ["CPUExecutionProvider"]
+        if device == "cuda":  # as the service opens it on CUDA (service.engine.runtime): no TF32
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": 0, "use_tf32": 0}))
+        self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers)
+        if device == "cuda" and self.session.get_providers()[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"PEER_DEVICE=cuda but {path} runs on {self.session.get_providers()}")
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     @classmethod
@@ -96,6 +111,8 @@ class FusedClassifier:
             settings.intra_op_threads,
             settings.inter_op_threads,
             settings.intra_op_spinning,
+            settings.variant,
+            settings.device,
         )
 
     def encode(self, text: str) -> Encoded:

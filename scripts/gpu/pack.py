@@ -13,8 +13,13 @@ registry. So what it lacks goes into two tars, split into parts of ``--part-mib`
   repository (``pytest -m cuda`` reads it there); the validation splits (and SST-2's training split,
   the embedder's centroids); the benchmarks' models (``--bench-models``) with fused fp32 and fp16
   graphs (``carried_model``);
-- extra (optional: the run goes ahead without it): the other default models, fp16 graphs alone, for
-  their fp16 validation pass.
+  GPT's carried folder gains its in-place step graph in float16 (``fp16_step``: the engine keeps its KV
+  cache on the device with it) where the build did not write one; and Debian's ``wrk`` with the
+  libraries it needs, as .deb files (``--debs``), which the run unpacks with ``dpkg -x``;
+- triton (optional): PyTriton and what it needs that the machine lacks, numpy < 2 among them, installed
+  apart (``triton-site``) for the Triton row of the GPU table;
+- extra (optional, ``--extra``): the other default models, fp16 graphs alone, for their fp16 validation
+  pass (already recorded in ``model_export/fp16_validation.json``: left out unless asked for).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,11 +47,38 @@ OUT = ROOT / ".gpu"
 WHEEL_CACHE = ROOT / ".cache" / "gpu-wheels"
 MIB = 1 << 20
 CALL_LIMIT_MIB = 64  # the device tool's limit on what travels in one call, working tree included
-# On the GPU machine already (its image's packages), so not carried: pins of these are left to it.
-ON_MACHINE = {"numpy"}
+# On the GPU machine already (its image's packages, docs in /work/.library/device/KINDS.md), so not carried:
+# pins of these are left to it. pillow, uvloop: any recent version serves; ml-dtypes and hf-xet: not used
+# when serving (onnx's, huggingface_hub's).
+ON_MACHINE = {"numpy", "pillow", "uvloop", "ml-dtypes", "hf-xet"}
+# PyTriton 0.7.0 and what it imports that neither the machine nor the core payload has (numpy < 2: PyTriton's
+# pin; gevent and geventhttpclient: its client module, imported when the server starts).
+TRITON_PINS = (
+    "nvidia-pytriton==0.7.0",
+    "numpy==1.26.4",
+    "pyzmq==27.1.0",
+    "sh==2.2.2",
+    "typing-inspect==0.9.0",
+    "mypy-extensions==1.1.0",
+    "importlib-metadata==8.7.0",
+    "zipp==3.23.0",
+    "gevent==25.9.1",
+    "greenlet==3.2.4",
+    "zope-event==6.0",
+    "zope-interface==8.0.1",
+    "geventhttpclient==2.3.4",
+    "brotli==1.1.0",
+)
+# Debian packages for the wrk sweep: wrk and the LuaJIT it links (libssl3 and libc are on the machine).
+DEBS = ("wrk", "libluajit2-5.1-2")
 # Sent whole (fused fp32 and fp16) for the GPU table; the other models send fp16 alone, for its check.
 BENCH_MODELS = ("bert-classifier", "gpt", "translator", "vit")
+# pip matches a manylinux_2_N tag exactly: the GPU machine's glibc is 2.39 (Ubuntu 24.04), and llguidance's
+# wheels are manylinux_2_31, PyTriton's manylinux_2_35.
 PLATFORMS = [
+    "manylinux_2_35_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_31_x86_64",
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
     "manylinux_2_17_x86_64",
@@ -95,6 +128,49 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def download_debs(names: Iterable[str], cache: Path) -> list[Path]:
+    """The .deb files of ``names`` from Debian's archive (apt-get download, no root needed), once."""
+    cache.mkdir(parents=True, exist_ok=True)
+    missing = [n for n in names if not list(cache.glob(f"{n}_*.deb"))]
+    if missing:
+        subprocess.run(["apt-get", "download", *missing], check=True, cwd=cache)
+    return sorted(p for n in names for p in cache.glob(f"{n}_*.deb"))
+
+
+def fp16_step(folder: Path, out: Path) -> tuple[str, Path, float] | None:
+    """GPT's in-place step graph in float16 (``scripts/gpu/inplace_fp16.py``'s), written to ``out``, and its
+    largest difference from the fp16 Concat step on ONNX Runtime's CPU provider; None for a model without a
+    KV cache, or whose manifest already lists one."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fp16 = manifest.get("variants", {}).get("fp16", {})
+    if (
+        manifest.get("kv_cache") is None
+        or manifest.get("task") != "text-generation"
+        or fp16.get("inplace_decode")
+    ):
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from inplace_fp16 import write_step_graph
+
+    from model_export.inplace_kv import step_difference
+
+    path = write_step_graph(folder, out)
+    name = fp16["graphs"]["model"].removesuffix(".onnx") + ".inplace.onnx"
+    difference = step_difference(str(folder / fp16["graphs"]["model"]), str(path), manifest["kv_cache"])
+    return name, path, difference
+
+
+def with_step(manifest: dict[str, Any], files: dict[str, Path], step: tuple[str, Path, float]) -> None:
+    """List ``step`` as the fp16 variant's in-place decoding graph in a carried manifest (and send it)."""
+    name, path, difference = step
+    data = path.read_bytes()
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    manifest["variants"]["fp16"]["inplace_decode"] = {"model": name}
+    manifest["variants"]["fp16"]["inplace_max_abs_diff"] = difference
+    manifest["version"] = content_version(manifest["files"])
+    files[name] = path
+
+
 def carried_model(folder: Path, reference: str) -> tuple[dict[str, Any], dict[str, Path]]:
     """A model folder trimmed for the GPU machine: its manifest and the files to send, by name.
 
@@ -115,11 +191,9 @@ def carried_model(folder: Path, reference: str) -> tuple[dict[str, Any], dict[st
         entry["file"] = standing[name]
     kept = {name for name in standing.values()}
     variants = {}
-    if reference != "fp16":
-        kept |= set(fp16["graphs"].values())
-        variants["fp16"] = {
-            k: v for k, v in fp16.items() if k not in ("inplace_decode", "inplace_max_abs_diff")
-        }
+    if reference != "fp16":  # with its in-place step graph where the build wrote one (served on CUDA)
+        kept |= set(fp16["graphs"].values()) | set(fp16.get("inplace_decode", {}).values())
+        variants["fp16"] = dict(fp16)
     graph_files = {e["file"] for e in manifest["graphs"].values()}
     for variant in manifest["variants"].values():
         graph_files |= set(variant["graphs"].values()) | set(variant.get("inplace_decode", {}).values())
@@ -148,15 +222,19 @@ def build_payload(
     tiny: Path | None,
     models: dict[str, tuple[Path, str]],
     data: Path | None,
+    debs: list[Path] | None = None,
+    wheel_folder: str = "wheels",
 ) -> bytes:
     """One uncompressed tar (wheels are zips, graphs barely compress).
 
     ``models``: name -> (model folder, what stands as its reference: ``carried_model``).
     """
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
+    with tarfile.open(fileobj=buffer, mode="w") as tar, tempfile.TemporaryDirectory() as tmp:
         for wheel in wheels:
-            tar.add(wheel, f"wheels/{wheel.name}")
+            tar.add(wheel, f"{wheel_folder}/{wheel.name}")
+        for deb in debs or []:
+            tar.add(deb, f"debs/{deb.name}")
         if tiny is not None:
             for path in sorted(tiny.rglob("*")):
                 rel = path.relative_to(tiny)
@@ -164,6 +242,9 @@ def build_payload(
                     tar.add(path, f"tiny-models/{rel.as_posix()}")
         for name, (folder, reference) in models.items():
             manifest, files = carried_model(folder, reference)
+            step = fp16_step(folder, Path(tmp)) if reference == "fused" else None
+            if step is not None:
+                with_step(manifest, files, step)
             _add_bytes(tar, f"models/{name}/manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
             for file, path in files.items():
                 tar.add(path, f"models/{name}/{file}")
@@ -176,7 +257,9 @@ def build_payload(
 
 
 def split(payloads: dict[str, bytes], part_bytes: int, out: Path) -> list[dict[str, Any]]:
-    """``out/carry-K/<payload>-NN`` for each ``part_bytes`` of each payload, in order, and ``parts.json``.
+    """The payloads in order, cut into parts that fill ``out/carry-K`` folders of ``part_bytes`` each: a
+    payload's last part and the next one's first share a folder where they fit (one call fewer), and every
+    folder has ``parts.json``. Returns the parts, each with its ``folder`` (K).
 
     Each payload is joined on its own once all its parts are staged: the run goes ahead with "core"
     when an optional payload's parts did not all come.
@@ -184,19 +267,24 @@ def split(payloads: dict[str, bytes], part_bytes: int, out: Path) -> list[dict[s
     shutil.rmtree(out, ignore_errors=True)
     parts: list[dict[str, Any]] = []
     listing: dict[str, Any] = {"payloads": {}}
+    folder, used = 1, 0
     for payload_name, payload in payloads.items():
         names: list[dict[str, Any]] = []
-        for start in range(0, len(payload), part_bytes):
-            chunk = payload[start : start + part_bytes]
+        start = 0
+        while start < len(payload):
+            if used >= part_bytes:
+                folder, used = folder + 1, 0
+            chunk = payload[start : start + part_bytes - used]
+            start += len(chunk)
+            used += len(chunk)
             name = f"{payload_name}-{len(names) + 1:02d}"
-            folder = out / f"carry-{len(parts) + 1}"
-            folder.mkdir(parents=True)
-            (folder / name).write_bytes(chunk)
+            (out / f"carry-{folder}").mkdir(parents=True, exist_ok=True)
+            (out / f"carry-{folder}" / name).write_bytes(chunk)
             part = {"name": name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()}
-            parts.append(part)
+            parts.append({**part, "folder": folder})
             names.append(part)
         listing["payloads"][payload_name] = {"sha256": hashlib.sha256(payload).hexdigest(), "parts": names}
-    for index in range(1, len(parts) + 1):
+    for index in range(1, folder + 1):
         (out / f"carry-{index}" / "parts.json").write_text(json.dumps(listing, indent=1) + "\n")
     return parts
 
@@ -228,7 +316,12 @@ def main() -> int:
         "--tiny", type=Path, default=None, help="the tiny repository (default: the newest built)"
     )
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--part-mib", type=float, default=50)
+    parser.add_argument("--part-mib", type=float, default=52)
+    parser.add_argument("--no-triton", action="store_true", help="leave PyTriton out (no Triton row)")
+    parser.add_argument("--extra", action="store_true", help="carry the other models' fp16 graphs too")
+    parser.add_argument(
+        "--debs", type=Path, default=ROOT / ".cache" / "gpu-debs", help="where the .deb files go"
+    )
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's python")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--wheel-cache", type=Path, default=WHEEL_CACHE)
@@ -253,19 +346,28 @@ def main() -> int:
         wanted = set(args.bench_models.split(","))
         bench = {f.name: (f, "fused") for f in with_fp16 if f.name in wanted}
         extra = {f.name: (f, "fp16") for f in with_fp16 if f.name not in wanted}
-    payloads = {"core": build_payload(wheels, tiny, bench, args.data)}
-    if extra:
+    debs = download_debs(DEBS, args.debs)
+    payloads = {"core": build_payload(wheels, tiny, bench, args.data, debs)}
+    if not args.no_triton:
+        triton = download_wheels(TRITON_PINS, args.python_version, args.wheel_cache / "triton")
+        payloads["triton"] = build_payload(triton, None, {}, None, wheel_folder="triton-wheels")
+    if extra and args.extra:
         payloads["extra"] = build_payload([], None, extra, None)
     parts = split(payloads, int(args.part_mib * MIB), args.out)
     tree = tree_bytes(ROOT)
     sizes = ", ".join(f"{name} {len(p) / MIB:.1f} MiB" for name, p in payloads.items())
-    print(f"payloads: {sizes}; {len(parts)} parts; the working tree adds {tree / MIB:.1f} MiB a call")
+    calls = len({p["folder"] for p in parts})
+    print(
+        f"payloads: {sizes}; {len(parts)} parts in {calls} calls; the working tree adds {tree / MIB:.1f} MiB a call"
+    )
     print(f"core models (fused + fp16): {sorted(bench)}; extra models (fp16 alone): {sorted(extra)}")
-    for index, part in enumerate(parts, 1):
-        total = (tree + part["bytes"]) / MIB
-        print(
-            f"  call {index}: carry .gpu/carry-{index}: {part['name']} ({part['bytes'] / MIB:.1f} MiB, {total:.1f} with the tree)"
-        )
+    folders = sorted({p["folder"] for p in parts})
+    for index in folders:
+        held = [p for p in parts if p["folder"] == index]
+        sent = sum(p["bytes"] for p in held)
+        total = (tree + sent) / MIB
+        names = " + ".join(f"{p['name']} ({p['bytes'] / MIB:.1f} MiB)" for p in held)
+        print(f"  call {index}: carry .gpu/carry-{index}: {names}, {total:.1f} MiB with the tree")
         if total > CALL_LIMIT_MIB - 1:
             raise SystemExit(
                 f"call {index} would send {total:.1f} MiB, over the tool's {CALL_LIMIT_MIB}: lower --part-mib"

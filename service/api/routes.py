@@ -7,6 +7,7 @@ before any handler runs (``api/http/raw_errors.py``); every other path answers i
 from litestar import Router
 from litestar.types import ControllerRouterHandler
 
+from service.api.openai.chat import ChatController
 from service.api.openai.completions import CompletionsController
 from service.api.openai.embeddings import EmbeddingsController
 from service.api.openai.errors import OPENAI_EXCEPTION_HANDLERS, is_openai_path, openai_error_body
@@ -27,6 +28,7 @@ CONTROLLERS: list[ControllerRouterHandler] = [
     ClassifyController,
     GenerateController,
     CompletionsController,
+    ChatController,
     EmbedController,
     EmbeddingsController,
     ExtractController,

@@ -138,7 +138,7 @@ class RedisCache:
             return None
         try:
             value = await asyncio.wait_for(self._client.get(key), self.timeout_s * 2)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             self._failed("get", exc)
             return None
         self._recovered()
@@ -152,7 +152,7 @@ class RedisCache:
             await asyncio.wait_for(
                 self._client.set(key, value, px=max(1, round(ttl_s * 1000))), self.timeout_s * 2
             )
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             self._failed("set", exc)
             return
         self._recovered()
@@ -163,7 +163,7 @@ class RedisCache:
             return "degraded"
         try:
             await asyncio.wait_for(self._client.ping(), self.timeout_s * 2)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             self._failed("ping", exc)
             return "degraded"
         self._recovered()

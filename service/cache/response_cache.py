@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from service import spans
+from service.observe import spans
 from service.pipelines.results import Outcome, Usage
 
 from .backends import CacheBackend

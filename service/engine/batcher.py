@@ -23,7 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 from opentelemetry.context import Context
 
-from service import spans
+from service.observe import spans
 
 from . import scheduling
 from .errors import (
@@ -203,6 +203,9 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         """Entries waiting in the queue (not counting the batch being computed)."""
         return len(self._queue)
 
+    def waiting_by_class(self) -> dict[int, int]:
+        return self._queue.depth_by_class()
+
     async def submit(self, item: In, cost: int, permit: Permit | None = None) -> Out:
         """Queue ``item`` (``cost`` = its token length) and wait for its result.
 
@@ -210,31 +213,69 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         item's place. If the caller is cancelled while the entry still waits, the entry is removed and
         never reaches the model.
         """
+        (result,) = await self.submit_all([item], [cost], permit)
+        return result
+
+    async def submit_all(
+        self,
+        items: Sequence[In],
+        costs: Sequence[int],
+        permit: Permit | None = None,
+        request: scheduling.Scheduling | None = None,
+        trace: Context | None = None,
+    ) -> list[Out]:
+        """Queue every item of one request and wait for all their results, in order: one future per item,
+        and no task (a task per item cost the event loop more than the queueing itself).
+
+        Each item needs its place: its ``permit``'s, else one taken now (``QueueFullError`` at once for the
+        first that does not fit). If an item fails, or the caller is cancelled, the items still queued are
+        withdrawn and never reach the model. ``request``: its priority and deadline, and ``trace``: the span
+        its items' queue waits are children of; given by a caller in another process, else the calling
+        request's own (``scheduling.current()``, ``spans.current_context()``)."""
+        request = scheduling.current() if request is None else request
+        trace = spans.current_context() if trace is None else trace
+        entries: list[_Entry[In, Out]] = []
+        try:
+            for item, cost in zip(items, costs, strict=True):
+                entries.append(self._enqueue(item, cost, permit, request, trace))
+            self._wakeup.set()
+            if len(entries) == 1:
+                return [await entries[0].future]
+            return list(await asyncio.gather(*(e.future for e in entries)))
+        except BaseException:
+            for entry in entries:  # withdraw what still waits; a batch in flight skips a cancelled future
+                self._drop_cancelled(entry)  # (a cancelled caller's awaited future is cancelled already)
+                entry.future.cancel()
+            raise
+        finally:
+            del entries  # a future holds the error raised here, whose traceback holds this frame: a cycle
+
+    def _enqueue(
+        self,
+        item: In,
+        cost: int,
+        permit: Permit | None,
+        request: scheduling.Scheduling,
+        trace: Context | None,
+    ) -> _Entry[In, Out]:
+        """One item into the queue, with its place and the timer of its deadline (or the queue's timeout)."""
         self.check_open()
         if permit is None:
-            self.admit(1)
+            self.admit(1, request.priority)
         else:
             permit.use()
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        request = scheduling.current()
         expires_at, client_deadline = request.wait_limit(self.policy.queue_timeout_s, now)
         entry: _Entry[In, Out] = _Entry(
             item, cost, loop.create_future(), now, request.priority, expires_at, client_deadline
         )
-        entry.trace = spans.current_context()
+        entry.trace = trace
         entry.timer = loop.call_at(loop.time() + max(0.0, expires_at - now), self._expire, entry)
         self._queue.append(entry)
         self._observer.on_enqueue(len(self._queue))
         self._observer.on_class_depth(self._queue.depth_by_class())
-        self._wakeup.set()
-        try:
-            return await entry.future
-        except asyncio.CancelledError:
-            self._drop_cancelled(entry)
-            raise
-        finally:
-            del entry  # its future holds the error raised here, whose traceback holds this frame: a cycle
+        return entry
 
     # --- queue bookkeeping ----------------------------------------------------------
 

@@ -17,9 +17,10 @@ remaining row, so the width is always the longest live sequence.
 
 Every ONNX Runtime call, cache copy and sampling step runs in a single-thread
 executor owned by the engine, so the event loop stays free to accept requests
-and stream events. On CUDA the cache stays on the device between steps (IO
-binding) while the batch composition is unchanged; joins and leaves go
-through host memory. Metrics go through the observer only.
+and stream events. On CUDA the cache stays on the device: with the fp16 in-place step graph,
+in buffers that rows join and leave on the device (``device_kv.py``);
+without it, as the Concat graph's outputs between steps (IO binding), joins
+and leaves going through host memory. Metrics go through the observer only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from service import spans
+from opentelemetry.context import Context
+
+from service.observe import spans
 
 from . import scheduling
 from .decoder_graph import DecoderGraph
@@ -53,8 +56,11 @@ from .generation_stream import GenerationStream
 from .generation_trace import SequenceTrace
 from .kv_cache import KVCache
 from .manifest import required
+from .prefix_cache import PrefixCache
 from .repository import LoadedModel
 from .running_batch import RunningBatch, SequenceState
+from .speculation import Speculation
+from .structured_output import GrammarCompiler
 from .worker import ModelWorker, Permit, with_defaults
 
 log = logging.getLogger(__name__)
@@ -73,6 +79,9 @@ class GenerationEngine(ModelWorker):
         max_queue_size: int,
         queue_timeout_s: float,
         observer: GenerationObserver | None = None,
+        prefix_cache_bytes: int = 0,
+        prefix_block_tokens: int = 16,
+        speculation: Speculation | None = None,
     ) -> None:
         assert model.task == "text-generation", f"{model.name} is a {model.task} model, not text-generation"
         assert model.tokenizer is not None, f"{model.name} has no tokenizer"
@@ -86,11 +95,20 @@ class GenerationEngine(ModelWorker):
         self.vocab_size = int(manifest.config.get("vocab_size") or model.tokenizer.get_vocab_size())
         self.max_running = max_running
         self.queue_timeout_s = queue_timeout_s
-        self._batch = RunningBatch(DecoderGraph(model.graphs["model"], manifest, model.inplace.get("model")))
+        self.grammars = GrammarCompiler(model.tokenizer, self.vocab_size, self.eos_id)
+        prefixes = PrefixCache(prefix_block_tokens, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._batch = RunningBatch(
+            DecoderGraph(model.graphs["model"], manifest, model.inplace.get("model"), max_rows=max_running),
+            self.grammars,
+            prefixes,
+            speculation,
+        )
+        self._speculated = (0, 0)  # tokens proposed and accepted, already reported
         self._waiting: scheduling.PriorityQueue[SequenceState] = scheduling.PriorityQueue(
             lambda s: (s.priority, s.submitted_at)
         )
         self._prefilling: list[SequenceState] = []
+        self._prefix_counted = (0, 0)  # prompt tokens queried and found, already reported
         self.cancelled_sequences = 0
         self._span_attributes = model.span_attributes
 
@@ -109,15 +127,23 @@ class GenerationEngine(ModelWorker):
         return stream
 
     def submit_all(
-        self, requests: Sequence[GenerationRequest], permit: Permit | None = None
+        self,
+        requests: Sequence[GenerationRequest],
+        permit: Permit | None = None,
+        asked: scheduling.Scheduling | None = None,
+        trace: Context | None = None,
     ) -> list[GenerationStream]:
         """Queue every request or none, and return their streams at once; never waits for room.
 
         Each prompt is checked here, once, before any is queued (``check_prompt``). Raises
         BatcherClosedError when not running, PromptError naming the first prompt that cannot fit (its
         ``index``), and QueueFullError when the queue has no room for all (unless ``permit`` holds
-        their places, taken before their prompts were tokenised).
+        their places, taken before their prompts were tokenised). ``asked`` (priority and deadline) and
+        ``trace`` (the span the sequences' spans are children of): given by a caller in another process,
+        else the calling request's own.
         """
+        asked = scheduling.current() if asked is None else asked
+        trace = spans.current_context() if trace is None else trace
         self.check_open()
         for index, request in enumerate(requests):
             try:
@@ -126,23 +152,44 @@ class GenerationEngine(ModelWorker):
                 exc.index = index
                 raise
         if permit is None:
-            self.admit(len(requests))
+            self.admit(len(requests), asked.priority)
         else:
             permit.check()  # before any is queued: a request's sequences are queued all or none
-        return [self._queue(request, permit) for request in requests]
+        return [self._queue(request, permit, asked, trace) for request in requests]
 
-    def _queue(self, request: GenerationRequest, permit: Permit | None) -> GenerationStream:
+    async def admit_all(
+        self,
+        requests: Sequence[GenerationRequest],
+        permit: Permit | None = None,
+        asked: scheduling.Scheduling | None = None,
+        trace: Context | None = None,
+    ) -> list[GenerationStream]:
+        """``submit_all`` as a coroutine: what a pipeline awaits, here or across a process boundary (the
+        split service's front end waits for the engine process to take the requests, so that a refusal is
+        still an ordinary error before any token, as here)."""
+        return self.submit_all(requests, permit, asked, trace)
+
+    def _queue(
+        self,
+        request: GenerationRequest,
+        permit: Permit | None,
+        asked: scheduling.Scheduling,
+        trace: Context | None,
+    ) -> GenerationStream:
         if permit is not None:
             permit.use()
         stream = GenerationStream(request, self.name, self._on_stream_cancel)
         seq = SequenceState(
-            request, stream, max_context=self.max_context, eos_id=self.eos_id, decode=self.tokenizer.decode
+            request,
+            stream,
+            max_context=self.max_context,
+            eos_id=self.eos_id,
+            vocab_size=self.vocab_size,
+            decode=self.tokenizer.decode,
         )
-        trace = spans.current_context()
         if trace is not None:
             seq.trace = SequenceTrace(trace, request, seq.submitted_at)
             stream.on_end = partial(self._traced_end, seq)
-        asked = scheduling.current()
         seq.priority, seq.deadline = asked.priority, asked.deadline
         seq.expires_at, seq.client_deadline = asked.wait_limit(self.queue_timeout_s, seq.submitted_at)
         loop = asyncio.get_running_loop()
@@ -245,6 +292,9 @@ class GenerationEngine(ModelWorker):
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def waiting_by_class(self) -> dict[int, int]:
+        return self._waiting.depth_by_class()
+
     async def _has_work(self) -> bool:
         """Wait until something waits or runs; False once closed with nothing left."""
         while not (self._waiting or self._batch.rows):
@@ -267,7 +317,7 @@ class GenerationEngine(ModelWorker):
         """
         self._prefilling = newcomers
         try:
-            groups = [newcomers]
+            groups = self._batch.prefill_groups(newcomers)
             joining: list[tuple[list[SequenceState], KVCache]] = []
             while groups:
                 group = groups.pop(0)
@@ -286,11 +336,23 @@ class GenerationEngine(ModelWorker):
                 if spans.on():
                     with spans.guard("prefill"):
                         self._trace_prefill(group, started, cache.width)
+                self._prefix_cache_changed()
                 self._publish(list(zip(group, events, strict=True)))
                 joining.append((group, cache))
             return joining
         finally:
             self._prefilling = []
+
+    def _prefix_cache_changed(self) -> None:
+        prefixes = self._batch.prefix_cache
+        if prefixes is not None:
+            stats = prefixes.stats()
+            queried, hit = (
+                stats.queried_tokens - self._prefix_counted[0],
+                stats.hit_tokens - self._prefix_counted[1],
+            )
+            self._prefix_counted = (stats.queried_tokens, stats.hit_tokens)
+            self._hooks.on_prefix_cache(queried, hit, stats.blocks, stats.bytes)
 
     def _trace_prefill(self, group: list[SequenceState], started: float, padded_length: int) -> None:
         """The prefill's model run as a ``batch`` span linked to each traced sequence's request, and each
@@ -335,6 +397,14 @@ class GenerationEngine(ModelWorker):
             self._batch.leave()
             return
         self._publish(await self._compute(lambda: self._batch.step(joining), live))
+        batch = self._batch
+        if batch.proposed_tokens != self._speculated[0]:
+            proposed, accepted = (
+                batch.proposed_tokens - self._speculated[0],
+                batch.accepted_tokens - self._speculated[1],
+            )
+            self._speculated = (batch.proposed_tokens, batch.accepted_tokens)
+            self._hooks.on_speculation(proposed, accepted)
 
     def _publish(self, events: list[tuple[SequenceState, TokenEvent]]) -> None:
         """Hand each event to its stream (unless cancelled meanwhile) and close finished sequences."""
@@ -351,7 +421,7 @@ class GenerationEngine(ModelWorker):
             seq.stream._push(event)
             if seq.finish_reason is None and seq.deadline is not None and now >= seq.deadline:
                 seq.end_at_deadline()  # it leaves the batch at the next step
-            if seq.finish_reason is not None:
+            if seq.finish_reason is not None and event.index == len(seq.generated) - 1:  # its last event
                 self._finish(seq, now)
 
     def _finish(self, seq: SequenceState, now: float) -> None:

@@ -24,9 +24,17 @@ class IncrementalDetokenizer:
         self.text = ""  # handed out so far
         self.stopped = False
 
-    def step(self, ids: list[int]) -> str:
-        """The text that the newest of ``ids`` adds (may be ""); sets ``stopped`` on a stop string."""
+    def step(self, ids: list[int], stop_allowed: bool = True) -> str:
+        """The text that the newest of ``ids`` adds (may be ""); sets ``stopped`` on a stop string.
+
+        With ``stop_allowed`` False (before ``min_tokens``), stop strings are not looked for: the text
+        is handed out whole, and a later search starts after it (vLLM's rule: a stop string that ends
+        before ``min_tokens`` does not count)."""
         settled = self._decode(ids).rstrip(REPLACEMENT_CHAR)
+        if not stop_allowed:
+            piece = self._hand_out(settled)
+            self._searched = len(settled) + self._longest - 1  # the next search starts after this text
+            return piece
         cut = self._find_stop(settled)
         if cut is not None:
             self.stopped = True

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 
+def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class EngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose. Picklable whatever a subclass's ``__init__`` takes
+    (its message and attributes travel as they are): the split service's engine process sends them to the
+    front end that made the request (``service/ipc/``)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, self.__dict__)
 
 
 class QueueFullError(EngineError):

@@ -86,6 +86,13 @@ class GenerationObserver(ClassObserver, Protocol):
 
     def on_depth(self, waiting: int, running: int) -> None: ...
 
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int, blocks: int, bytes: int) -> None:
+        """After a prefill: prompt tokens looked up and found in the prefix cache since the last call, and
+        what it holds now."""
+
+    def on_speculation(self, proposed_tokens: int, accepted_tokens: int) -> None:
+        """After a decoding step with speculation: n-gram tokens proposed, and of those, accepted."""
+
 
 class NullGenerationObserver(NullClassObserver):
     """No-op observer; subclass it and override only the hooks you need."""
@@ -109,4 +116,10 @@ class NullGenerationObserver(NullClassObserver):
         pass
 
     def on_depth(self, waiting: int, running: int) -> None:
+        pass
+
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int, blocks: int, bytes: int) -> None:
+        pass
+
+    def on_speculation(self, proposed_tokens: int, accepted_tokens: int) -> None:
         pass

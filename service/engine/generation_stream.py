@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from .generation_contract import GenerationCancelledError, GenerationRequest, GenerationResult, TokenEvent
+
+
+class StreamListener(Protocol):
+    def on_event(self, stream: GenerationStream, event: TokenEvent) -> None: ...
+
+    def on_result(self, stream: GenerationStream, result: GenerationResult) -> None: ...
+
+    def on_error(self, stream: GenerationStream, error: BaseException) -> None: ...
 
 
 class GenerationStream:
@@ -28,6 +37,9 @@ class GenerationStream:
         self.on_end: Callable[[GenerationStream], None] | None = (
             None  # once, when it finishes, fails or is cancelled
         )
+        # Told of every event, the result and an error as they happen, besides the iteration: how the split
+        # service's engine process forwards a stream to the front end that owns it.
+        self.listener: StreamListener | None = None
 
     @property
     def done(self) -> bool:
@@ -37,6 +49,12 @@ class GenerationStream:
     @property
     def cancelled(self) -> bool:
         return self._cancelled
+
+    @property
+    def generated(self) -> int:
+        """Tokens the engine made for this sequence so far: all of them once it finished; up to the step it
+        left at when it was cancelled or failed (what a key is charged for a stream cut short)."""
+        return self._result.completion_tokens if self._result is not None else len(self._events)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         """One event per generated token, in order; raises the sequence's error, ends at once when cancelled."""
@@ -82,18 +100,24 @@ class GenerationStream:
         if not self.done:
             self._events.append(event)
             self._notify()
+            if self.listener is not None:
+                self.listener.on_event(self, event)
 
     def _finish(self, result: GenerationResult) -> None:
         if not self.done:
             self._result = result
             self._notify()
             self._ended()
+            if self.listener is not None:
+                self.listener.on_result(self, result)
 
     def _fail(self, error: BaseException) -> None:
         if not self.done:
             self._error = error
             self._notify()
             self._ended()
+            if self.listener is not None:
+                self.listener.on_error(self, error)
 
     def _ended(self) -> None:
         if self.on_end is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from opentelemetry.context import Context
 from opentelemetry.trace import Link
 
-from service import spans
+from service.observe import spans
 
 from .generation_contract import GenerationRequest
 

@@ -134,6 +134,21 @@ class QASpec(_Section):
     stride: int  # overlap between windows, in tokens
     max_question_length: int
     max_answer_length: int
+    # How the best span is chosen and scored: "logits" (the house's: the highest start + end logit over
+    # every window, scored p(start) * p(end) under the window's softmax), or "context_probabilities"
+    # (transformers' question-answering pipeline, kept for imported checkpoints: each window's softmax
+    # over its context tokens and [CLS], the highest p(start) * p(end) over every window)
+    span_score: Literal["logits", "context_probabilities"] = "logits"
+
+
+class TaggingSpec(_Section):
+    """How a token-classification head's tags become entities."""
+
+    scheme: str = "BIO"
+    label_on: str | None = None  # in words: which token carries a word's tag
+    # "first": each word takes its first sub-token's tag (the house's training); "simple": every token
+    # keeps its own tag and score and runs of one entity type group (transformers' aggregation "simple")
+    aggregation: Literal["first", "simple"] = "first"
 
 
 class Preprocessing(_Section):
@@ -245,7 +260,14 @@ class Manifest(BaseModel):
     qa: QASpec | None = None
     preprocessing: Preprocessing | None = None
     embedding: EmbeddingSpec | None = None
+    tagging: TaggingSpec | None = None
+    # Translation: token ids never generated (an imported Marian checkpoint's bad_words_ids: its <pad>)
+    suppress_tokens: list[int] = Field(default_factory=list)
+    # Translation: the last step the length limit allows emits eos (transformers' forced_eos_token_id)
+    forced_eos: bool = False
     attention_maps: AttentionMapsSpec | None = None  # optional: attention.onnx (return_attention)
+    # Text generation: the checkpoint's Jinja2 chat template (tokenizer_config.json's), for chat completions
+    chat_template: str | None = None
     variants: dict[str, Variant] = Field(default_factory=dict)  # name (VARIANT_NAMES) -> variant
 
     @model_validator(mode="after")
@@ -275,6 +297,12 @@ class Manifest(BaseModel):
             if [o.name for o in maps.outputs] != maps.output_names:
                 raise ValueError(f"attention_maps outputs are not {maps.output_names}")
         return self
+
+    @property
+    def decoder_start(self) -> int:
+        """The token a translation's decoding starts from: ``decoder_start`` where the checkpoint names one
+        (Marian: its <pad>), else ``bos``."""
+        return self.special_tokens.get("decoder_start", self.token("bos"))
 
     def token(self, name: str) -> int:
         """A special token's id (``pad``, ``eos``, ...); a manifest without it is a broken export."""

@@ -29,8 +29,8 @@ from .manifest import (
     content_version,
     file_sha256,
 )
-from .runtime import Graph, RuntimeOptions, expected_device
-from .variants import ServedVariant, ServingDevice, choose_variant
+from .runtime import Graph, RemoteGraph, RuntimeOptions, expected_device
+from .variants import REFERENCE, ServedVariant, ServingDevice, choose_variant, reference_of
 from .versions import VersionFolder, VersionPolicyError, policy_of, version_folders
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,16 @@ log = logging.getLogger(__name__)
 # Tasks whose engine runs one loop over one set of sessions (continuous batching): MODEL_INSTANCES does not
 # apply, and extra sessions would only hold memory.
 SINGLE_INSTANCE_TASKS = frozenset({"text-generation"})
+# Tasks whose one graph takes a whole batch of inputs at once: BERT heads, the embedder, ViT.
+ENCODER_TASKS = frozenset(
+    {
+        "text-classification",
+        "question-answering",
+        "token-classification",
+        "feature-extraction",
+        "image-classification",
+    }
+)
 
 
 class ModelLoadError(Exception):
@@ -83,12 +93,12 @@ class LoadedModel:
 
     @cached_property
     def request_span_attributes(self) -> dict[str, str]:
-        """What a request's span says of the model that answers it (``service.spans``)."""
+        """What a request's span says of the model that answers it (``service.observe.spans``)."""
         return {"inference.model.name": self.name, "inference.model.version": self.version}
 
     @cached_property
     def span_attributes(self) -> dict[str, str]:
-        """What a trace's span of one of this model's runs says of it (``service.spans``)."""
+        """What a trace's span of one of this model's runs says of it (``service.observe.spans``)."""
         return {
             "inference.model.name": self.name,
             "inference.model.version": self.version,
@@ -145,10 +155,16 @@ def verify_files(model_dir: Path, manifest: Manifest, check_hashes: bool = True)
         raise ModelLoadError("text model without tokenizer.json")
 
 
-def _open_graph(model_dir: Path, file: str, options: RuntimeOptions, spec: GraphEntry | None = None) -> Graph:
+def _open_graph(
+    model_dir: Path,
+    file: str,
+    options: RuntimeOptions,
+    spec: GraphEntry | None = None,
+    capture_runs: bool = False,
+) -> Graph:
     """One session on ``file``; with ``spec``, its inputs and outputs must be exactly the declared ones."""
     try:
-        graph = Graph(model_dir / file, options)
+        graph = Graph(model_dir / file, options, capture_runs)
     except Exception as exc:  # ONNX Runtime raises its own exception types for broken graphs
         raise ModelLoadError(f"ONNX Runtime cannot load {file}: {exc}") from exc
     if spec is not None:
@@ -165,11 +181,32 @@ def _open_graph(model_dir: Path, file: str, options: RuntimeOptions, spec: Graph
 def _open_graphs(
     model_dir: Path, manifest: Manifest, variant: ServedVariant, options: RuntimeOptions
 ) -> dict[str, Graph]:
-    """One session per graph of ``variant``; each must have exactly the reference's inputs and outputs."""
+    """One session per graph of ``variant``; each must have exactly the reference's inputs and outputs.
+    CUDA graphs and TensorRT only for an encoder's one graph (``graph_options``)."""
     return {
-        role: _open_graph(model_dir, variant.files[role], options, spec)
+        role: _open_graph(
+            model_dir,
+            variant.files[role],
+            graph_options(options, manifest, role),
+            spec,
+            capture_runs=role in encoder_roles(manifest),
+        )
         for role, spec in manifest.graphs.items()
     }
+
+
+def encoder_roles(manifest: Manifest) -> frozenset[str]:
+    """The graphs whose runs are a whole batch of fixed-size inputs (BERT heads, ViT): what TensorRT and CUDA
+    graphs at padded shapes can take. Decoders' shapes grow every step (their step graph captures apart)."""
+    return frozenset({"model"}) if manifest.task in ENCODER_TASKS else frozenset()
+
+
+def graph_options(options: RuntimeOptions, manifest: Manifest, role: str) -> RuntimeOptions:
+    """``options`` for one graph: CUDA graphs and TensorRT kept for an encoder's graph only, with the model's
+    token window (TensorRT's shape profile, the length buckets)."""
+    if role in encoder_roles(manifest):
+        return dataclasses.replace(options, max_length=manifest.max_sequence_length or 0)
+    return dataclasses.replace(options, cuda_graphs=False, tensorrt=False)
 
 
 def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions) -> Graph | None:
@@ -178,6 +215,14 @@ def _open_attention(model_dir: Path, manifest: Manifest, options: RuntimeOptions
     if spec is None:
         return None
     return _open_graph(model_dir, spec.file, dataclasses.replace(options, device="cpu", instances=1), spec)
+
+
+def _inplace_here(variant: ServedVariant, device: ServingDevice) -> bool:
+    """Whether ``variant``'s in-place step graphs run on ``device``: any on CPU; on CUDA, float16 ones only
+    (GroupQueryAttention's CUDA kernel takes float16), whose buffers then stay on the device."""
+    if not variant.inplace_decode:
+        return False
+    return device == "cpu" or variant.precision == "fp16"
 
 
 def _served_device(graphs: dict[str, Graph]) -> ServingDevice:
@@ -214,10 +259,12 @@ def load_model(
             variant.reason,
         )
     inplace: dict[str, Graph] = {}
-    if options.kv_cache == "inplace" and landed == "cpu":  # decoding steps with the cache updated in place
-        inplace = {
-            role: _open_graph(model_dir, file, options) for role, file in variant.inplace_decode.items()
-        }
+    if options.kv_cache == "inplace" and _inplace_here(variant, landed):  # the cache updated in place
+        # On CUDA the step graph's shapes repeat (a batch bucket, the buffers' length): CUDA graphs apply.
+        step = dataclasses.replace(
+            options, tensorrt=False, cuda_graphs=options.cuda_graphs and landed == "cuda"
+        )
+        inplace = {role: _open_graph(model_dir, file, step) for role, file in variant.inplace_decode.items()}
     attention = _open_attention(model_dir, manifest, options)
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
@@ -232,6 +279,63 @@ def load_model(
     return LoadedModel(
         name, model_dir, manifest, graphs, tokenizer, variant, inplace, attention=attention, label=label
     )
+
+
+def load_view(
+    model_dir: Path, version: VersionFolder | None, variant_name: str, provider: str
+) -> LoadedModel:
+    """A model as a front end of the split service holds it: its manifest (hashes already checked by the
+    engine process that loaded it), its tokenizer, the variant the engine serves, and ``RemoteGraph``s in
+    place of its sessions, which live in the engine process."""
+    name_dir = model_dir
+    if version is not None and version.label:
+        model_dir = version.path
+    manifest = read_manifest(model_dir)
+    variant = reference_of(manifest, "served by the engine process")
+    if variant_name != REFERENCE:
+        entry = manifest.variants[variant_name]
+        variant = ServedVariant(
+            variant_name,
+            entry.precision,
+            dict(entry.graphs),
+            "served by the engine process",
+            dict(entry.inplace_decode),
+        )
+
+    def placeholder(file: str, spec: GraphEntry) -> Graph:
+        names = ([io.name for io in spec.inputs], [io.name for io in spec.outputs])
+        return RemoteGraph(model_dir / file, *names, provider)  # type: ignore[return-value]
+
+    graphs = {role: placeholder(variant.files[role], spec) for role, spec in manifest.graphs.items()}
+    spec = manifest.attention_maps
+    attention = placeholder(spec.file, spec) if spec is not None else None
+    tokenizer = None
+    if (model_dir / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    label = version.label if version is not None else ""
+    return LoadedModel(
+        manifest.name or name_dir.name, model_dir, manifest, graphs, tokenizer, variant, {}, attention, label
+    )
+
+
+def served_bytes(model_dir: Path, options: RuntimeOptions) -> int:
+    """What the files a load of ``model_dir`` (one version folder, or a flat model folder) would open take
+    on disk: the graphs of the variant it would serve on the expected device, their in-place KV step
+    graphs where those are used, the attention-map graph and the tokenizer; never the variants it would
+    not serve. 0 when the manifest cannot be read (the load itself then says why)."""
+    try:
+        manifest = read_manifest(model_dir)
+    except ModelLoadError:
+        return 0
+    device = expected_device(options)
+    variant = choose_variant(manifest, device, options.variant)
+    files = set(variant.files.values())
+    if options.kv_cache == "inplace" and _inplace_here(variant, device):
+        files |= set(variant.inplace_decode.values())
+    if manifest.attention_maps is not None:
+        files.add(manifest.attention_maps.file)
+    files.add("tokenizer.json")
+    return sum(manifest.files[f].bytes for f in files if f in manifest.files)
 
 
 def load_versions(

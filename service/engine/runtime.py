@@ -45,6 +45,17 @@ class RuntimeOptions:
     kv_cache: Literal["inplace", "concat"] = "inplace"  # decoders on CPU (service.engine.kv_cache)
     # sessions per graph, the intra-op threads split between them (service.engine.instances)
     instances: int = 1
+    # CUDA graphs (service.engine.cuda_graphs) for the graphs whose shapes can be made to repeat: the loader
+    # turns it off for every other graph. Off by default until measured (docs/PERFORMANCE.md, "On a GPU").
+    cuda_graphs: bool = False
+    # TensorRT before CUDA for the encoders (BERT heads, ViT), fp16, engines cached on disk; the loader turns
+    # it off for the decoders. Falls back to CUDA where TensorRT's libraries are missing.
+    tensorrt: bool = False
+    tensorrt_cache_dir: str = ""  # "" -> tensorrt_cache_dir(): a folder under the system's temporary one
+    max_batch_size: int = 32  # the encoders' largest batch: TensorRT's shape profile, CUDA graphs' buckets
+    max_length: int = (
+        0  # the model's token window (its manifest's; set by the loader): the same two's lengths
+    )
 
 
 _shared_pool = False  # set once per process by use_shared_thread_pool
@@ -103,6 +114,76 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
 
 
 _cuda_usable: bool | None = None  # learnt from the first session that tries CUDA
+TENSORRT = "TensorrtExecutionProvider"
+
+
+def default_tensorrt_cache_dir() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "transformer-serving-tensorrt")
+
+
+def cuda_provider_options(options: RuntimeOptions) -> dict[str, Any]:
+    """The CUDA provider's options: the device, no TF32 (the graphs are exported and parity-checked in fp32;
+    TF32 matmuls would drift from that), and ``enable_cuda_graph`` where this session's shapes repeat."""
+    found: dict[str, Any] = {"device_id": options.cuda_device_id, "use_tf32": 0}
+    if options.cuda_graphs:
+        found["enable_cuda_graph"] = "1"
+    return found
+
+
+def tensorrt_profile(inputs: list[Any], max_rows: int, max_length: int) -> dict[str, str]:
+    """TensorRT's one optimization profile for a graph's inputs (``session.get_inputs()``-like: name, shape):
+    1 row and 1 token at least, ``max_rows`` rows and ``max_length`` tokens at most, the optimum at the largest
+    batch of typical texts (a quarter of the window). Fixed dims stay as they are. Without a profile TensorRT
+    builds an engine for each new range of shapes it sees, each costing seconds while requests wait."""
+
+    def shape(rows: int, tokens: int, spec: Any) -> str:
+        dims = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int):
+                dims.append(dim)
+            else:
+                dims.append(rows if axis == 0 else tokens)
+        return f"{spec.name}:" + "x".join(str(d) for d in dims)
+
+    def joined(rows: int, tokens: int) -> str:
+        return ",".join(shape(rows, tokens, spec) for spec in inputs)
+
+    return {
+        "trt_profile_min_shapes": joined(1, 1),
+        "trt_profile_opt_shapes": joined(max_rows, max(1, max_length // 4)),
+        "trt_profile_max_shapes": joined(max_rows, max_length),
+    }
+
+
+def tensorrt_provider_options(
+    options: RuntimeOptions, profile: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The TensorRT provider's options: fp16 kernels, the engine and timing caches on disk (a restart loads
+    the engine instead of building it again), and the shape profile when one is known."""
+    cache = options.tensorrt_cache_dir or default_tensorrt_cache_dir()
+    found: dict[str, Any] = {
+        "device_id": options.cuda_device_id,
+        "trt_fp16_enable": "True",
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": cache,
+        "trt_timing_cache_enable": "True",
+        "trt_timing_cache_path": cache,
+    }
+    return {**found, **(profile or {})}
+
+
+def providers_for(
+    options: RuntimeOptions, want_cuda: bool, profile: dict[str, str] | None = None
+) -> list[Any]:
+    """The execution providers a session asks for, most wanted first; CPU always last."""
+    if not want_cuda:
+        return [CPU]
+    cuda = (CUDA, cuda_provider_options(options))
+    if options.tensorrt:
+        return [(TENSORRT, tensorrt_provider_options(options, profile)), cuda, CPU]
+    return [cuda, CPU]
 
 
 def _preload_cuda_libraries() -> None:
@@ -139,14 +220,18 @@ def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
     want_cuda = options.device in ("auto", "cuda") and CUDA in ort.get_available_providers()
     if options.device == "auto" and _cuda_usable is False:
         want_cuda = False  # already known to fall back: skip the noisy probe for every further session
-    # use_tf32=0: the graphs are exported and parity-checked in fp32; TF32 matmuls would drift from that.
-    cuda_options = {"device_id": options.cuda_device_id, "use_tf32": 0}
-    providers: list[Any] = [(CUDA, cuda_options), CPU] if want_cuda else [CPU]
+    profile = None
+    if want_cuda and options.tensorrt:
+        os.makedirs(options.tensorrt_cache_dir or default_tensorrt_cache_dir(), exist_ok=True)
+        quick = _session_options(dataclasses.replace(options, graph_optimization="disable"))
+        inputs = ort.InferenceSession(str(path), sess_options=quick, providers=[CPU]).get_inputs()
+        profile = tensorrt_profile(inputs, options.max_batch_size, options.max_length or 1)
+    providers = providers_for(options, want_cuda, profile)
     if want_cuda and _cuda_usable is None:
         ort.set_default_logger_severity(4)  # the failed CUDA library load is expected on CPU machines
         _preload_cuda_libraries()
     try:
-        session = ort.InferenceSession(str(path), sess_options=_session_options(options), providers=providers)
+        session = _open(path, options, providers)
     finally:
         ort.set_default_logger_severity(2)
     got = session.get_providers()
@@ -158,6 +243,20 @@ def create_session(path: Path, options: RuntimeOptions) -> ort.InferenceSession:
     if options.device == "cuda" and CUDA not in got:
         raise RuntimeError(f"DEVICE=cuda but ONNX Runtime could not use CUDA for {path} (providers: {got})")
     return session
+
+
+def _open(path: Path, options: RuntimeOptions, providers: list[Any]) -> ort.InferenceSession:
+    """The session; where a CUDA graph was asked for and ONNX Runtime refuses it (a node left on CPU behind a
+    copy, a control-flow node), the same session without one, saying why."""
+    so = _session_options(options)
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, providers=providers)
+    except Exception as exc:
+        if not options.cuda_graphs:
+            raise
+        log.warning("%s: no CUDA graph (%s); running it without", path.name, exc)
+        plain = dataclasses.replace(options, cuda_graphs=False)
+        return ort.InferenceSession(str(path), sess_options=so, providers=providers_for(plain, True))
 
 
 def _instance_options(options: RuntimeOptions) -> RuntimeOptions:
@@ -177,7 +276,9 @@ class Graph:
     """One ONNX graph and the provider it actually runs on: one session, or one per instance
     (``RuntimeOptions.instances``), each compute thread running its own (``service.engine.instances``)."""
 
-    def __init__(self, path: Path, options: RuntimeOptions) -> None:
+    def __init__(self, path: Path, options: RuntimeOptions, capture_runs: bool = False) -> None:
+        """``capture_runs``: an encoder whose ``run`` pads to buckets and replays CUDA graphs, where the
+        session got one (``cuda_graphs.EncoderCapture``); the decoder's step graph binds its own."""
         self.path = path
         each = _instance_options(options)
         self._sessions: list[ort.InferenceSession] | None = [
@@ -186,6 +287,17 @@ class Graph:
         self.provider = self.session.get_providers()[0]
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        cuda = self.session.get_provider_options().get(CUDA, {})
+        self.cuda_graph = self.on_cuda and str(cuda.get("enable_cuda_graph", "0")).lower() in ("1", "true")
+        self.device_id = int(cuda.get("device_id", options.cuda_device_id))
+        self._captures: list[Any] | None = None
+        if capture_runs and self.cuda_graph:
+            from .cuda_graphs import EncoderCapture
+
+            self._captures = [
+                EncoderCapture(s, options.max_batch_size, options.max_length or None, "cuda", self.device_id)
+                for s in self._sessions or []
+            ]
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -211,4 +323,30 @@ class Graph:
         return self.provider == CUDA
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+        if self._captures is not None:
+            return self._captures[instances.current() % len(self._captures)].run(feeds, outputs)
         return self.session.run(outputs, feeds)
+
+
+class RemoteGraph:
+    """A graph whose sessions live in another process (the split service's engine): its path, provider and
+    input and output names, for the pipeline that prepares its inputs and reads its outputs in a front
+    end; running it here is a bug (``EngineError``)."""
+
+    instances = 1
+    on_cuda = False
+
+    def __init__(self, path: Path, input_names: list[str], output_names: list[str], provider: str) -> None:
+        self.path = path
+        self.input_names = input_names
+        self.output_names = output_names
+        self.provider = provider
+        self.freed = False
+
+    def free(self) -> None:
+        self.freed = True
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+        from .errors import EngineError
+
+        raise EngineError(f"{self.path.name} runs in the engine process, not in a front end")

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .structured_output import StructuredOutput
+
 __all__ = [
     "SamplingParams",
     "TokenLogprob",
@@ -43,6 +45,11 @@ class SamplingParams:
     ``logprobs`` (None = off) reports each generated token's log-probability and the
     ``logprobs`` most likely alternatives; ``prompt_logprobs`` the same for every
     prompt token after the first (one more forward pass over the prompt).
+
+    ``logit_bias`` adds a value to a token's logit before anything else (OpenAI's: -100 bans a
+    token in practice, 100 all but forces it); ``min_tokens`` forbids the end of text (and stop
+    strings) until that many tokens are generated (vLLM's). ``structured_outputs`` keeps the
+    text inside a grammar (``structured_output.py``).
     """
 
     max_new_tokens: int | None = None  # None: the service's default (the inference core fills it in)
@@ -57,6 +64,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), each id once
+    min_tokens: int = 0
+    structured_outputs: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         assert self.max_new_tokens is None or self.max_new_tokens >= 1, (
@@ -70,6 +80,8 @@ class SamplingParams:
         assert self.prompt_logprobs is None or self.prompt_logprobs >= 0, (
             f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}"
         )
+        assert self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"
+        assert len({token for token, _ in self.logit_bias}) == len(self.logit_bias), "a token biased twice"
 
     def for_choice(self, choice: int) -> SamplingParams:
         """Choice ``choice`` of several per prompt: a seeded request samples it with ``seed + choice``."""
@@ -100,6 +112,13 @@ def logprobs(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     shifted = x - np.max(x, axis=-1, keepdims=True)
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def apply_logit_bias(scores: np.ndarray, bias: Sequence[tuple[int, float]]) -> np.ndarray:
+    """OpenAI's ``logit_bias``: each (token, value) adds ``value`` to that token's logit. In place."""
+    for token, value in bias:
+        scores[token] += value
+    return scores
 
 
 def apply_repetition_penalty(scores: np.ndarray, previous_ids: Sequence[int], penalty: float) -> np.ndarray:
@@ -170,6 +189,19 @@ def prompt_token_logprobs(logits: np.ndarray, prompt_ids: Sequence[int], top_n: 
     return out
 
 
+BIGGEST = float(np.finfo(np.float64).max)
+
+
+def _finite(scores: np.ndarray, keep_masked: bool = False) -> np.ndarray:
+    """``scores`` with every value finite, in the same order: a penalty or a temperature at the far end
+    of its range (a repetition penalty of 5e-324 divides a logit into infinity) must not turn the step
+    into NaNs. With ``keep_masked``, minus infinity (a masked token) stays."""
+    if np.isfinite(scores).all():
+        return scores
+    low = -np.inf if keep_masked else -BIGGEST
+    return np.nan_to_num(scores, nan=-BIGGEST, posinf=BIGGEST, neginf=low)
+
+
 def top_p_cutoff(sorted_probs: np.ndarray, top_p: float) -> int:
     """How many of the descending ``sorted_probs`` form the smallest set with mass >= ``top_p`` (at least 1)."""
     if top_p >= 1.0:
@@ -186,27 +218,79 @@ class TokenSampler:
         # default_rng(None) draws fresh OS entropy: unseeded sequences never share a stream.
         self._rng = np.random.default_rng(params.seed)
 
-    def next_token(
-        self, logits: np.ndarray, previous_ids: Sequence[int], generated_ids: Sequence[int] = ()
-    ) -> int:
-        """Next token id from this step's logits (V,), the ids prompted and generated so far
-        (``previous_ids``, for the repetition penalty) and the generated ones alone (``generated_ids``,
-        for the presence and frequency penalties)."""
+    def scores(
+        self,
+        logits: np.ndarray,
+        previous_ids: Sequence[int],
+        generated_ids: Sequence[int] = (),
+        allowed: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """This step's logits (V,) as the sampler sees them (float64, a copy): ``logit_bias``, the
+        penalties, then every token outside ``allowed`` (a boolean (V,) mask: a grammar's, or the end
+        of text banned before ``min_tokens``) at minus infinity. ``previous_ids`` are the ids prompted
+        and generated so far (the repetition penalty), ``generated_ids`` the generated ones alone (the
+        presence and frequency penalties)."""
         p = self.params
         scores = np.array(logits, dtype=np.float64)  # copy: the caller's row stays untouched
         assert scores.ndim == 1, f"expected logits of shape (V,), got {scores.shape}"
-        assert np.isfinite(np.max(scores)), "logits must contain a finite maximum"
-        scores = apply_repetition_penalty(scores, previous_ids, p.repetition_penalty)
-        scores = apply_presence_frequency_penalties(
-            scores, generated_ids, p.presence_penalty, p.frequency_penalty
-        )
-        if p.is_greedy:
-            return int(np.argmax(scores))
-        scores /= p.temperature
-        candidates = self._candidates(scores)  # token ids, highest score first when filtering
-        probs = softmax(scores[candidates])  # renormalised within the kept set
+        with np.errstate(over="ignore"):  # an extreme penalty overflows; _finite takes it back
+            scores = apply_logit_bias(scores, p.logit_bias)
+            scores = apply_repetition_penalty(scores, previous_ids, p.repetition_penalty)
+            scores = apply_presence_frequency_penalties(
+                scores, generated_ids, p.presence_penalty, p.frequency_penalty
+            )
+        scores = _finite(scores)
+        if allowed is not None:
+            scores[~allowed] = -np.inf
+        assert np.isfinite(np.max(scores)), "logits must leave some token with a finite score"
+        return scores
+
+    def distribution(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sampled distribution of ``scores`` (from ``scores``): (token ids, their probabilities),
+        after temperature, top-k and top-p, most likely first when filtered. Not for greedy."""
+        p = self.params
+        with np.errstate(over="ignore"):  # scores near the float limit: +-inf, then exp gives 0 or 1
+            scaled = _finite(scores / p.temperature, keep_masked=True)
+            candidates = self._candidates(scaled)  # token ids, highest score first when filtering
+            probs = softmax(scaled[candidates])  # renormalised within the kept set
         keep = top_p_cutoff(probs, p.top_p)
-        return int(candidates[self._draw(probs[:keep])])
+        return candidates[:keep], probs[:keep]
+
+    def pick(self, scores: np.ndarray) -> int:
+        """The next token from processed ``scores``: argmax when greedy, else one draw."""
+        if self.params.is_greedy:
+            return int(np.argmax(scores))
+        candidates, probs = self.distribution(scores)
+        return int(candidates[self._draw(probs)])
+
+    def verify(self, scores: np.ndarray, draft: int) -> tuple[int, bool]:
+        """Speculative decoding's check of a proposed ``draft`` against processed ``scores``: (the token,
+        whether it is the draft). Greedy: the argmax, the draft kept when it is the argmax. Sampled:
+        rejection sampling with a point-mass proposal, the draft kept with probability p(draft), else a
+        draw from p without it, so the token is distributed exactly as ``pick`` draws it."""
+        if self.params.is_greedy:
+            best = int(np.argmax(scores))
+            return best, best == draft
+        candidates, probs = self.distribution(scores)
+        p = probs / probs.sum()
+        where = np.flatnonzero(candidates == draft)
+        kept = float(p[where[0]]) if where.size else 0.0
+        if self._rng.random() < kept:
+            return draft, True
+        residual = p.copy()
+        if where.size:
+            residual[where[0]] = 0.0
+        return int(candidates[self._draw(residual)]), False
+
+    def next_token(
+        self,
+        logits: np.ndarray,
+        previous_ids: Sequence[int],
+        generated_ids: Sequence[int] = (),
+        allowed: np.ndarray | None = None,
+    ) -> int:
+        """Next token id from this step's logits (V,) (``scores`` says what each argument does)."""
+        return self.pick(self.scores(logits, previous_ids, generated_ids, allowed))
 
     def _candidates(self, scores: np.ndarray) -> np.ndarray:
         """Token ids still allowed after top-k, sorted by descending score when top-p needs the order."""

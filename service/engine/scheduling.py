@@ -7,6 +7,10 @@ rises one class for every ``PRIORITY_AGING_S`` it has waited, so low-priority wo
 load, never starved. When a queue is full, an item of a more urgent class displaces the least urgent,
 newest waiting item, which is refused as a full queue is (429).
 
+A tenant's key may carry a ceiling (``Ceiling``: the most urgent class it may ask for). Within a block
+scheduled with one, a more urgent request is lowered to the ceiling, and the ceiling notes it, so the door
+can say so in its answer.
+
 A deadline (monotonic seconds) is the moment the client stops caring. An item still waiting then is
 removed by its own timer and never computed; a generation running then ends with finish reason
 ``deadline``. Without one, an item waits at most the queue's own timeout.
@@ -28,10 +32,26 @@ NAMES = {number: name for name, number in CLASSES.items()}
 PRIORITY_AGING_S = 5.0  # a waiting item rises one class per this many seconds
 
 
+@dataclass
+class Ceiling:
+    """The most urgent class a caller may have (its key's ``max_priority``), and whether a request of its
+    asked for more (``lowered_from``: the most urgent class asked for, None while none did)."""
+
+    most_urgent: int
+    lowered_from: int | None = None
+
+    def apply(self, priority: int) -> int:
+        if priority >= self.most_urgent:
+            return priority
+        self.lowered_from = priority if self.lowered_from is None else min(priority, self.lowered_from)
+        return self.most_urgent
+
+
 @dataclass(frozen=True)
 class Scheduling:
     priority: int = NORMAL
     deadline: float | None = None  # time.monotonic() past which the client no longer wants the answer
+    ceiling: Ceiling | None = None  # the caller's key's cap, shared by every block nested in its request
 
     def wait_limit(self, queue_timeout_s: float, now: float) -> tuple[float, bool]:
         """When a waiting item of this request expires, and whether that is the client's deadline (504)
@@ -52,14 +72,21 @@ def current() -> Scheduling:
 
 
 @contextlib.contextmanager
-def scheduled(priority: int | None = None, timeout_s: float | None = None) -> Iterator[Scheduling]:
+def scheduled(
+    priority: int | None = None, timeout_s: float | None = None, ceiling: Ceiling | None = None
+) -> Iterator[Scheduling]:
     """Within the block, the request's work is queued with ``priority`` (None: as set outside, else
-    ``normal``) and a deadline ``timeout_s`` from now (None: as set outside, else none)."""
+    ``normal``) and a deadline ``timeout_s`` from now (None: as set outside, else none). ``ceiling`` (None:
+    the one set outside, if any) lowers a more urgent ``priority`` to the most urgent class it allows."""
     outer = current()
     deadline = outer.deadline if timeout_s is None else time.monotonic() + timeout_s
     if outer.deadline is not None and deadline is not None:
         deadline = min(deadline, outer.deadline)
-    token = _current.set(Scheduling(outer.priority if priority is None else priority, deadline))
+    ceiling = ceiling if ceiling is not None else outer.ceiling
+    chosen = outer.priority if priority is None else priority
+    if ceiling is not None:
+        chosen = ceiling.apply(chosen)
+    token = _current.set(Scheduling(chosen, deadline, ceiling))
     try:
         yield current()
     finally:

@@ -69,7 +69,10 @@ class Seq2SeqModel:
     ) -> None:
         self.encoder = encoder
         self.decoder = decoder
-        self.pad_id, self.bos_id, self.eos_id = (manifest.token(t) for t in ("pad", "bos", "eos"))
+        self.pad_id, self.eos_id = manifest.token("pad"), manifest.token("eos")
+        self.bos_id = manifest.decoder_start
+        self.suppressed = np.array(manifest.suppress_tokens, dtype=np.int64)
+        self.forced_eos = manifest.forced_eos
         self.layout = CacheLayout.of(required(manifest.kv_cache))
         cross = required(manifest.cross_attention)
         self.cross_names = cross.names
@@ -119,7 +122,7 @@ class Seq2SeqModel:
         if isinstance(past, KVBuffer):
             assert self._inplace is not None, "a KVBuffer needs the in-place step graph"
             logits = self._inplace(tokens, past, {self.cross_mask_name: src_mask, **cross})
-            return logprobs(logits[:, -1, :]), past
+            return self._suppress(logprobs(logits[:, -1, :])), past
         feeds = {
             "input_ids": tokens.reshape(rows, 1).astype(np.int64),
             "attention_mask": np.ones((rows, step + 1), dtype=np.int64),
@@ -129,7 +132,21 @@ class Seq2SeqModel:
             **dict(zip(self.layout.past_names, past, strict=True)),
         }
         out = self.decoder.run(feeds)
-        return logprobs(out[0][:, -1, :]), out[1:]
+        return self._suppress(logprobs(out[0][:, -1, :])), out[1:]
+
+    def _last_step(self, lp: np.ndarray, step: int, limit: int) -> np.ndarray:
+        """With ``forced_eos``, the step the limit allows last scores only eos, at 0 (transformers' own)."""
+        if not self.forced_eos or step != limit - 1:
+            return lp
+        forced = np.full_like(lp, -np.inf)
+        forced[:, self.eos_id] = 0.0
+        return forced
+
+    def _suppress(self, lp: np.ndarray) -> np.ndarray:
+        """Tokens never generated get -inf after the log-softmax, as transformers' bad_words_ids does."""
+        if self.suppressed.size:
+            lp[:, self.suppressed] = -np.inf
+        return lp
 
     @property
     def max_new_tokens(self) -> int:
@@ -155,6 +172,7 @@ class Seq2SeqModel:
         results: list[Hypothesis | None] = [None] * n
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
+            lp = self._last_step(lp, step, limit)
             tokens = lp.argmax(-1)
             keep = []
             for r, row in enumerate(live):
@@ -204,6 +222,7 @@ class Seq2SeqModel:
         closed = np.zeros(n, dtype=bool)
         for step in range(limit):
             lp, past = self._step(tokens, step, src_mask, cross, past)
+            lp = self._last_step(lp, step, limit)
             vocab = lp.shape[-1]
             candidates = (beam_logprob[:, :, None] + lp.reshape(n, k, vocab)).reshape(n, k * vocab)
             top = np.argsort(-candidates, axis=1)[:, : 2 * k]  # enough to refill k beams after </s> picks

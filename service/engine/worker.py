@@ -140,6 +140,10 @@ class ModelWorker(ABC):
         """Items queued and not yet taken."""
 
     @abstractmethod
+    def waiting_by_class(self) -> dict[int, int]:
+        """Items queued and not yet taken, by priority class."""
+
+    @abstractmethod
     async def _run(self) -> None:
         """The loop: until closed with nothing left to do."""
 
@@ -174,7 +178,7 @@ class ModelWorker(ABC):
             self._on_reject("closed")
             raise BatcherClosedError(self.name, "not started" if self._worker is None else "shutting down")
 
-    def admit(self, count: int) -> None:
+    def admit(self, count: int, priority: int | None = None) -> None:
         """Raise QueueFullError (and count the refusal) unless ``count`` more items fit the queue now.
 
         The check of an item queued without a permit. A closed worker is left to ``check_open`` at
@@ -182,7 +186,7 @@ class ModelWorker(ABC):
         """
         if not self.accepting:
             return
-        priority = scheduling.current().priority
+        priority = scheduling.current().priority if priority is None else priority
         while self.waiting + self._reserved + count > self.max_queue_size:
             # a more urgent request takes the place of a less urgent one: queued, else still reserved
             if not (self._displace(priority) or self._revoke(priority)):

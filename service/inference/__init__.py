@@ -16,6 +16,7 @@ from service.engine.errors import (
 from service.engine.generation_contract import GenerationCancelledError, TokenEvent
 from service.engine.manifest import Manifest
 from service.engine.sampling import SamplingParams, TokenLogprob
+from service.engine.structured_output import StructuredOutput
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.contract import Parameter, TaskContract, TensorSpec
 from service.pipelines.results import (
@@ -72,6 +73,7 @@ __all__ = [
     "RequestLimits",
     "SamplingParams",
     "ServedModel",
+    "StructuredOutput",
     "TaskContract",
     "TensorSpec",
     "TokenEvent",

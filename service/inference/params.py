@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from service.engine.sampling import SamplingParams
+from service.engine.structured_output import StructuredOutput
 from service.errors import InvalidInputError
 from service.pipelines.contract import RANGES
 from service.pipelines.translate import DecodingParams
@@ -27,6 +28,9 @@ def _checked(given: Mapping[str, Any], allowed: set[str]) -> dict[str, Any]:
     for name, value in given.items():
         assert name in allowed, f"not a parameter: {name}"
         if value is None:
+            continue
+        if name == "logit_bias":
+            values[name] = logit_bias(value)
             continue
         if name in RANGES:
             RANGES[name].check(name, value)
@@ -49,16 +53,72 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(strings)
 
 
+def logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``, ``{"token id": bias}`` (JSON keys are strings), as (id, bias) pairs in id
+    order; each bias in [-100, 100]. Whether the ids are the model's is the pipeline's check."""
+    if not isinstance(value, Mapping):
+        raise InvalidInputError("must be an object of token id -> bias", "logit_bias", "type_error")
+    pairs: dict[int, float] = {}
+    for key, bias in value.items():
+        text = str(key).strip()
+        if isinstance(key, bool) or not text.lstrip("-").isdigit() or int(text) < 0:
+            raise InvalidInputError(
+                f"keys are token ids (non-negative integers), got {key!r}", "logit_bias", "type_error"
+            )
+        if int(text) in pairs:
+            raise InvalidInputError(f"token {int(text)} is biased twice", "logit_bias", "duplicate")
+        RANGES["logit_bias"].check("logit_bias", bias)
+        pairs[int(text)] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def structured_output(given: Mapping[str, Any]) -> StructuredOutput | None:
+    """vLLM's ``guided_*`` parameters (at most one) as the engine's constraint, naming its parameter."""
+    named = [(name, given[name]) for name in GUIDED if given.get(name) is not None]
+    if len(named) > 1:
+        raise InvalidInputError(
+            f"at most one constraint per request: {', '.join(n for n, _ in named)}", named[1][0], "conflict"
+        )
+    if not named:
+        return None
+    name, value = named[0]
+    if name == "guided_choice":
+        choices = [value] if isinstance(value, str) else value
+        if (
+            not isinstance(choices, (list, tuple))
+            or not choices
+            or not all(isinstance(c, str) for c in choices)
+        ):
+            raise InvalidInputError("must be a string or a list of strings", name, "type_error")
+        return StructuredOutput.choice(choices, name)
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError("must be a non-empty string", name, "type_error")
+    kind = {"guided_json": "json", "guided_regex": "regex", "guided_grammar": "grammar"}[name]
+    return StructuredOutput(kind, value, name)  # type: ignore[arg-type]
+
+
 def sampling_params(**given: Any) -> SamplingParams:
-    """``SamplingParams`` from raw values; ``max_new_tokens`` None: the core's default length."""
+    """``SamplingParams`` from raw values; ``max_new_tokens`` None: the core's default length; vLLM's
+    ``guided_*`` parameters as its ``structured_outputs``."""
     allowed = {f.name for f in fields(SamplingParams)}
     stop = given.pop("stop", None)
     greedy = given.pop("greedy", None)
+    structured = structured_output({name: given.pop(name, None) for name in GUIDED})
     values = _checked(given, allowed)
+    if structured is not None:
+        values["structured_outputs"] = structured
     if stop is not None:
         values["stop"] = _stop(stop)
     if greedy is not None:
         values["greedy"] = bool(greedy)
+    limit, least = values.get("max_new_tokens"), values.get("min_tokens", 0)
+    if limit is not None and least > limit:
+        raise InvalidInputError(
+            f"min_tokens ({least}) must not exceed max_new_tokens ({limit})", "min_tokens", "out_of_range"
+        )
     return SamplingParams(**values)
 
 

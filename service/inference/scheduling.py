@@ -12,7 +12,9 @@ engines' rule is ``engine/scheduling.py``: three classes, aging, displacement, d
 
 from __future__ import annotations
 
-from service.engine.scheduling import CLASSES, HIGH, LOW, NAMES, NORMAL, current, scheduled
+import re
+
+from service.engine.scheduling import CLASSES, HIGH, LOW, NAMES, NORMAL, Ceiling, current, scheduled
 from service.errors import InvalidInputError
 
 MAX_TIMEOUT_S = 3600.0
@@ -21,7 +23,9 @@ __all__ = [
     "CLASSES",
     "LOW",
     "NAMES",
+    "Ceiling",
     "current",
+    "header_integer",
     "priority_named",
     "priority_of_triton",
     "priority_of_vllm",
@@ -58,11 +62,27 @@ def priority_of_triton(value: object, field: str) -> int:
 
 
 def timeout_of(value: object, field: str, unit_s: float) -> float:
-    """A timeout in ``unit_s`` seconds (1e-3: milliseconds, 1e-6: microseconds), positive, at most an hour."""
+    """A timeout in ``unit_s`` seconds (1e-3: milliseconds, 1e-6: microseconds), positive, at most an hour.
+    The range is checked on the integer, before any conversion: no integer, however long, overflows."""
     n = _integer(value, field)
-    seconds = n * unit_s
-    if n <= 0 or seconds > MAX_TIMEOUT_S:
+    if n <= 0 or n > round(MAX_TIMEOUT_S / unit_s):
+        shown = str(n) if -(10**12) < n < 10**12 else f"a {len(str(abs(n)))}-digit number"
         raise InvalidInputError(
-            f"must be positive and at most {MAX_TIMEOUT_S:.0f} s, got {n}", field, "out_of_range"
+            f"must be positive and at most {MAX_TIMEOUT_S:.0f} s, got {shown}", field, "out_of_range"
         )
-    return seconds
+    return n * unit_s
+
+
+# A header's whole number: ASCII digits only (``str.isdigit`` admits "²" and other scripts' digits, which
+# ``int`` refuses), short enough that no conversion can fail.
+_HEADER_INTEGER = re.compile(r"[0-9]{1,18}")
+
+
+def header_integer(text: str, field: str) -> int:
+    """A header's value as a non-negative whole number (ASCII digits, spaces around allowed), else a 422
+    naming ``field``."""
+    digits = text.strip()
+    if not _HEADER_INTEGER.fullmatch(digits):
+        shown = digits if len(digits) <= 32 else digits[:32] + "..."
+        raise InvalidInputError(f"must be a whole number of milliseconds, got {shown!r}", field, "type_error")
+    return int(digits)

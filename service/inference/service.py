@@ -22,27 +22,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Literal, Protocol, TypeVar
 
-from service import spans
+from service.access.quotas import Quotas
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
 from service.context import current_key
 from service.engine.sampling import SamplingParams
-from service.engine.variants import ServedVariant
 from service.errors import (
-    ControlOffError,
     ForbiddenError,
     InvalidInputError,
-    ModelLoadFailedError,
-    ModelUnavailableError,
+    ModelNotFoundError,
     NotReadyError,
-    ServiceError,
 )
-from service.memory import resident_bytes, trim_now
+from service.models.registry import ModelRegistry
+from service.models.states import ModelState
+from service.observe import spans
 from service.pipelines import attention as attention_step
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
@@ -61,14 +58,10 @@ from service.pipelines.results import (
     Usage,
 )
 from service.pipelines.translate import DecodingParams, Translator
-from service.quotas import Quotas
 
 from .limits import CONTEXTS, RequestLimits
-from .loading import Loader
-from .memory_budget import MemoryBudget
 from .models import ServedModel
 from .params import decoding_params, sampling_params
-from .registry import PREFERRED_DEFAULTS, ModelRegistry
 from .streams import GenerationStreams
 
 log = logging.getLogger(__name__)
@@ -81,88 +74,58 @@ R = TypeVar("R")
 DEFAULT_MAX_NEW_TOKENS = 64
 
 
-class ModelObserver(Protocol):
-    """What the core reports of the models it serves (``service.metrics.Metrics``)."""
+class Host(Protocol):
+    """What the core needs of the models' host: ``service.models.host.ModelHost``, or the front end's mirror
+    of the engine process's (``service.ipc.remote_host.RemoteHost``)."""
 
-    def served(self, model: str, version: str, task: str, provider: str, variant: ServedVariant) -> None: ...
+    registry: ModelRegistry
 
-    def retired(self, model: str, version: str) -> None: ...
+    @property
+    def up(self) -> bool: ...
 
-    def loaded(self, model: str, result: str, seconds: float) -> None: ...
+    async def start(self, warmup: bool) -> None: ...
 
-    def resident(self, model: str, version: str, size: int | None) -> None: ...
+    async def stop(self, timeout_s: float) -> None: ...
 
-    def evicted(self, model: str) -> None: ...
+    async def load(self, name: str) -> ServedModel: ...
 
+    async def unload(self, name: str) -> None: ...
 
-@dataclass(frozen=True)
-class ModelState:
-    """One model of the repository as the repository index shows it (Triton's states)."""
+    def repository(self) -> list[ModelState]: ...
 
-    name: str
-    version: str | None
-    state: Literal["READY", "LOADING", "UNLOADING", "UNAVAILABLE"]
-    reason: str = ""
+    def target(self, model: str | None, task: str | None) -> str | None: ...
+
+    def loads_on_demand(self, name: str) -> bool: ...
+
+    def knows(self, name: str) -> bool: ...
+
+    async def resident(self, model: str | None, task: str | None = None) -> None: ...
 
 
 class InferenceService:
+    """The core over a model host: a ``ModelHost`` in this process, or, in a front end of the split service,
+    one that mirrors the engine process's models and asks it to change them (``service/ipc/``)."""
+
     def __init__(
-        self,
-        registry: ModelRegistry,
-        cache: ResponseCache,
-        limits: RequestLimits,
-        loader: Loader | None = None,
-        observer: ModelObserver | None = None,
-        retire_timeout_s: float = 30.0,
-        memory_budget: int = 0,
-        load_timeout_s: float = 30.0,
-        quotas: Quotas | None = None,
+        self, host: Host, cache: ResponseCache, limits: RequestLimits, quotas: Quotas | None = None
     ) -> None:
-        self.registry = registry
+        self.host = host
         self.cache = cache
         self.limits = limits
-        self.loader = loader  # None: the models are those of start-up (no load, no unload)
-        self.observer = observer
-        self.retire_timeout_s = retire_timeout_s  # how long a retired version may take to finish its work
-        self.memory = MemoryBudget(memory_budget)
-        self.load_timeout_s = load_timeout_s  # how long a request waits for its model to load (on demand)
-        self._on_demand: dict[str, asyncio.Task[ServedModel]] = {}
         self.quotas = quotas  # API_KEYS_FILE: the caller's tokens are charged as its requests end
         self.phase: Phase = "starting"
-        self._started: list[ModelPipeline] = []
-        self._warmup = True
-        self._loading: dict[str, asyncio.Lock] = {}
-        self._retiring: dict[ModelPipeline, asyncio.Task[None]] = {}
+        self._charging: set[asyncio.Future[None]] = set()
+
+    @property
+    def registry(self) -> ModelRegistry:
+        """Which model answers a request: the host's registry."""
+        return self.host.registry
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self, warmup: bool) -> None:
-        """Start every pipeline's engine, warm each up, and only then report ready.
-
-        A model whose warm-up fails is stopped and refused (one log line), like a
-        broken folder: the other models serve.
-        """
-        self._warmup = warmup
-        for pipeline in self.registry.all_versions():
-            if pipeline.name in self.registry.refused:
-                continue  # another version of it failed
-            await pipeline.start()
-            self._started.append(pipeline)
-            if not warmup:
-                continue
-            began = time.perf_counter()
-            try:
-                await pipeline.warmup()
-            except Exception as exc:
-                log.error("refusing model %s: warm-up failed: %r", pipeline.name, exc)
-                for started in [p for p in self._started if p.name == pipeline.name]:
-                    await started.stop(timeout_s=1.0)
-                    self._started.remove(started)
-                self.registry.refuse(pipeline.name, f"warm-up failed: {exc!r}")
-                continue
-            log.info("warmed up %s in %.2fs", pipeline.name, time.perf_counter() - began)
-        for pipeline in self._started:
-            self._served(pipeline)
+        """Start every model (warmed up, unless ``warmup`` is false), and only then report ready."""
+        await self.host.start(warmup)
         self.phase = "ready"
 
     def drain(self) -> None:
@@ -171,254 +134,45 @@ class InferenceService:
             self.phase = "draining"
 
     async def stop(self, timeout_s: float) -> None:
-        """Stop accepting, let each engine finish its work within ``timeout_s``; reverse start order."""
+        """Stop accepting, let each model finish its work within ``timeout_s``."""
         self.phase = "stopping"
-        for task in list(self._retiring.values()):
-            task.cancel()
-        for pipeline in reversed(self._started):
-            try:
-                await pipeline.stop(timeout_s)
-            except Exception:  # one engine failing to stop must not keep the others running
-                log.exception("stopping %s failed", pipeline.name)
-        self._started.clear()
+        await self.host.stop(timeout_s)
         self.phase = "stopped"
+
+    # --- the repository while serving -----------------------------------------------------
+
+    async def load(self, name: str) -> ServedModel:
+        """Load model ``name`` from its folder, or reload it (``ModelHost.load``)."""
+        return await self.host.load(name)
+
+    async def unload(self, name: str) -> None:
+        await self.host.unload(name)
+
+    def repository(self) -> list[ModelState]:
+        return self.host.repository()
+
+    async def resident(self, model: str | None, task: str | None = None) -> None:
+        """With a memory budget, the model a request names (or its task's default) loaded if it is not
+        resident, once the caller's key is known to be allowed it: a key may not load (and so unload
+        others for) a model it may not use (``ModelHost.resident``)."""
+        name = self.host.target(model, task)
+        if name is None:
+            return
+        if name not in self.registry.versions and self.host.loads_on_demand(name):
+            self._allowed(name)
+        await self.host.resident(model, task)
 
     def check_ready(self) -> None:
         if self.phase != "ready":
             raise NotReadyError(self.phase)
+        if not self.host.up:
+            raise NotReadyError("waiting for its engine process, which is restarting")
 
     @property
     def ready(self) -> bool:
-        """Ready for inference, with at least one model to serve."""
-        return self.phase == "ready" and bool(self.registry.pipelines)
-
-    # --- the repository while serving: load (or reload), unload ---------------------------
-
-    async def load(self, name: str, changed_only: bool = False, make_room: bool = True) -> ServedModel:
-        """Load model ``name`` from its folder, or reload it when it serves: each version its policy serves
-        is built and warmed up beside the serving ones, then they take every new request at once; each
-        request that had resolved a replaced version finishes on it, and its sessions are freed when the
-        last one ends. ``changed_only`` (poll mode) keeps the serving versions whose files are unchanged;
-        ``make_room`` (with a memory budget) unloads idle models, least recently used first, so that it fits.
-        A load that fails raises ``ModelLoadFailedError`` and leaves the serving versions as they were."""
-        loader = self._control()
-        lock = self._loading.setdefault(name, asyncio.Lock())
-        async with lock, self.memory.measuring():  # one load of a name at a time; with a budget, of any
-            began = time.perf_counter()
-            serving = self.registry.versions.get(name, [])
-            if make_room:
-                await self._make_room(name, self.memory.expected(name, loader.disk_bytes(name)))
-            before = resident_bytes()
-            try:
-                versions, built = await loader.build(name, serving if changed_only else [])
-                for index, pipeline in enumerate(built):
-                    try:
-                        await self._start(pipeline)
-                    except ModelLoadFailedError:
-                        for other in built[index + 1 :]:
-                            other.model.free()
-                        for started in built[:index]:
-                            self._retire(started)
-                        raise
-            except ModelLoadFailedError:
-                self._observe_load(name, "failed", began)
-                raise
-            self._measured(name, built, resident_bytes() - before)
-            if built or len(versions) != len(serving):
-                replaced = self.registry.swap(name, versions)
-                for pipeline in built:
-                    self._served(pipeline)
-                self._observe_load(name, "loaded", began)
-                served = ", ".join(p.model.label or p.model.version for p in versions)
-                log.info("%s serves %s (%d built, %d retiring)", name, served, len(built), len(replaced))
-                for pipeline in replaced:
-                    self._retire(pipeline)
-            self.memory.touch(name)
-            if make_room and self.memory.over():
-                await self._make_room(name, 0)
-            return ServedModel.of(versions[0], self.registry.default_for(name), versions)
-
-    async def unload(self, name: str) -> None:
-        """Stop serving model ``name``: new requests for it get 404; those it already has finish."""
-        self._control()
-        async with self._loading.setdefault(name, asyncio.Lock()):
-            for pipeline in self.registry.remove(name):
-                log.info(
-                    "%s unloaded; version %s retires once its requests end", name, pipeline.model.version
-                )
-                self._retire(pipeline)
-
-    def repository(self) -> list[ModelState]:
-        """Every model the repository holds or this service serves, with its state and the reason."""
-        states = {
-            name: ModelState(name, versions[0].model.label or versions[0].model.version, "READY")
-            for name, versions in self.registry.versions.items()
-        }
-        for name, reason in self.registry.refused.items():
-            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
-        loader = self.loader
-        for name in loader.folders() if loader is not None else []:
-            on_demand = self.memory.enabled and loader is not None and loader.servable(name)
-            reason = (
-                "not resident: loads on its first request (MODEL_MEMORY_BUDGET)" if on_demand else "unloaded"
-            )
-            states.setdefault(name, ModelState(name, None, "UNAVAILABLE", reason))
-        for name, lock in self._loading.items():
-            if lock.locked():
-                served = states.get(name)
-                states[name] = ModelState(name, served.version if served else None, "LOADING")
-        return [states[name] for name in sorted(states)]
-
-    def _control(self) -> Loader:
-        if self.loader is None:
-            raise ControlOffError("the model repository is fixed at start-up (MODEL_CONTROL_MODE=none)")
-        return self.loader
-
-    async def _start(self, pipeline: ModelPipeline) -> None:
-        """Start and warm up a new pipeline; one that fails is stopped, freed and refused."""
-        try:
-            await pipeline.start()
-            if self._warmup:
-                await pipeline.warmup()
-        except Exception as exc:
-            log.error("refusing the new version of %s: warm-up failed: %r", pipeline.name, exc)
-            await pipeline.stop(timeout_s=1.0)
-            pipeline.model.free()
-            raise ModelLoadFailedError(pipeline.name, f"warm-up failed: {exc!r}") from exc
-        self._started.append(pipeline)
-
-    def _retire(self, pipeline: ModelPipeline) -> None:
-        self._retiring[pipeline] = asyncio.ensure_future(self._retire_when_idle(pipeline))
-
-    async def _retire_when_idle(self, pipeline: ModelPipeline) -> None:
-        """Once no request holds it, let its engine finish what it has queued, then free its sessions."""
-        try:
-            await pipeline.idle()
-            await pipeline.stop(self.retire_timeout_s)
-        finally:
-            if pipeline in self._started:
-                self._started.remove(pipeline)
-            pipeline.model.free()
-            self._retiring.pop(pipeline, None)
-            self.memory.forget(pipeline)
-            if self.observer is not None:
-                self.observer.retired(pipeline.name, pipeline.model.version)
-                self.observer.resident(pipeline.name, pipeline.model.version, None)
-            log.info("%s version %s retired: its sessions are freed", pipeline.name, pipeline.model.version)
-
-    # --- more models than memory (MODEL_MEMORY_BUDGET) ---------------------------------------
-
-    async def resident(self, model: str | None, task: str | None = None) -> None:
-        """With a memory budget: load model ``model`` (``name[@version]``; None: ``task``'s default) if it is
-        in the repository but not resident, the request waiting at most ``load_timeout_s`` (then 503 with
-        Retry-After); mark it used. Without a budget, or for a resident model, nothing but that mark."""
-        if model is None:
-            if task is None or task in self.registry.defaults:
-                if task is not None:
-                    self.memory.touch(self.registry.defaults[task])
-                return
-            if not self.memory.enabled or self.loader is None:
-                return  # the lookup that follows answers 404
-            model = self.loader.default_for(task, PREFERRED_DEFAULTS.get(task))
-            if model is None:
-                return
-        name = model.split("@", 1)[0]
-        if name in self.registry.versions:
-            self.memory.touch(name)
-            return
-        if not self.memory.enabled or self.loader is None:
-            return  # the lookup that follows answers 404
-        if not self.loader.servable(name):
-            return  # the lookup that follows answers 404
-        loading = self._on_demand.get(name)
-        if loading is None or loading.done():
-            loading = self._on_demand[name] = asyncio.ensure_future(self.load(name, changed_only=True))
-        try:
-            await asyncio.wait_for(asyncio.shield(loading), self.load_timeout_s)
-        except TimeoutError as exc:
-            raise ModelUnavailableError(
-                f"model {name!r} is loading (it was not resident) and took longer than QUEUE_TIMEOUT_S"
-            ) from exc
-        except ModelLoadFailedError as exc:
-            raise ModelUnavailableError(f"model {name!r} could not be loaded: {exc.reason}") from exc
-
-    async def preload(self, names: list[str]) -> None:
-        """At start-up with a memory budget: load the models in turn while each fits; the others load on
-        their first request."""
-        assert self.loader is not None, "a budget loads models itself"
-        for name in names:
-            expected = self.memory.expected(name, self.loader.disk_bytes(name))
-            if self.memory.used() + expected > self.memory.budget:
-                log.info("%s loads on its first request (MODEL_MEMORY_BUDGET)", name)
-                continue
-            try:
-                await self.load(name, make_room=False)
-            except ServiceError as exc:
-                log.error("refusing model %s: %s", name, exc)
-                self.registry.refused[name] = str(exc)
-                continue
-            if self.memory.over():  # measured larger than it looked: it waits for its first request
-                log.info("%s loads on its first request: it does not fit MODEL_MEMORY_BUDGET now", name)
-                for pipeline in self.registry.remove(name):
-                    self._retire(pipeline)
-                    self.memory.forget(pipeline)
-
-    async def _make_room(self, name: str, needed: int) -> None:
-        """Unload idle models, least recently used first, until ``needed`` more bytes fit the budget."""
-        if not self.memory.enabled:
-            return
-        while self.memory.used() + needed > self.memory.budget:
-            idle = [
-                n
-                for n, versions in self.registry.versions.items()
-                if n != name and not any(p.busy for p in versions) and n not in self._on_demand_loading()
-            ]
-            if not idle:
-                if needed and self.memory.used() + needed > self.memory.budget:
-                    raise ModelUnavailableError(
-                        f"model {name!r} does not fit MODEL_MEMORY_BUDGET beside the models at work"
-                    )
-                return
-            victim = min(idle, key=self.memory.last_used)
-            log.info("%s: unloaded to make room for %s (MODEL_MEMORY_BUDGET)", victim, name)
-            evicted = self.registry.remove(victim)
-            for pipeline in evicted:
-                self._retire(pipeline)
-                self.memory.forget(pipeline)  # counted out now
-            # idle, so retired at once: its memory is freed (and handed back) before the next is measured
-            await asyncio.gather(*(self._retiring[p] for p in evicted if p in self._retiring))
-            trim_now()
-            if self.observer is not None:
-                self.observer.evicted(victim)
-
-    def _on_demand_loading(self) -> set[str]:
-        return {n for n, task in self._on_demand.items() if not task.done()}
-
-    def _measured(self, name: str, built: list[ModelPipeline], grown: int) -> None:
-        """Record what the versions just built hold resident: the process's growth while they loaded."""
-        if not built or not self.memory.enabled:
-            return
-        share = max(0, grown) // len(built)
-        for pipeline in built:
-            model = pipeline.model
-            floor = sum(g.path.stat().st_size for g in [*model.graphs.values(), *model.inplace.values()])
-            counted = self.memory.record(pipeline, share, floor)
-            if self.observer is not None:
-                self.observer.resident(name, pipeline.model.version, counted)
-
-    async def retired(self) -> None:
-        """Until every replaced or unloaded version has stopped and freed its sessions (for tests, drains)."""
-        while self._retiring:
-            await asyncio.gather(*self._retiring.values(), return_exceptions=True)
-
-    def _served(self, pipeline: ModelPipeline) -> None:
-        if self.observer is not None:
-            m = pipeline.model
-            self.observer.served(m.name, m.version, m.task, m.provider, m.variant)
-
-    def _observe_load(self, name: str, result: str, began: float) -> None:
-        if self.observer is not None:
-            self.observer.loaded(name, result, time.perf_counter() - began)
+        """Ready for inference, with at least one model to serve (and, in a front end of the split service,
+        its engine process up)."""
+        return self.phase == "ready" and self.host.up and bool(self.registry.pipelines)
 
     # --- what the doors may know of the models --------------------------------------------
 
@@ -434,6 +188,36 @@ class InferenceService:
     def refused(self) -> dict[str, str]:
         """Folders refused at start-up (or at warm-up), with the reason as callers may see it (no host paths)."""
         return dict(sorted(self.registry.refused.items()))
+
+    def check_servable(self, name: str, version: str | None = None) -> None:
+        """``ModelNotFoundError`` (404) unless model ``name`` (``version``) serves, or would load on its first
+        request (a memory budget): what a door checks before it reads a body."""
+        if name in self.registry.versions or not self.host.loads_on_demand(name):
+            self.model(name, version=version)
+
+    def model_ready(self, name: str, version: str | None = None) -> tuple[ServedModel | None, bool]:
+        """Triton's model readiness: the resident model (None when not resident) and whether it answers now.
+        A model the service knows (resident, refused, or a folder of the repository, loadable on demand or
+        not) that is not resident, or not in that version, is not ready; a name it does not know is
+        ``ModelNotFoundError`` (404, ``NOT_FOUND``)."""
+        if name in self.registry.versions:
+            try:
+                model = self.model(name, version=version)
+            except ModelNotFoundError:  # the model serves, that version does not
+                return None, False
+            return model, self.phase == "ready"
+        if not self.host.knows(name):
+            raise ModelNotFoundError(name, list(self.registry.versions))
+        self._allowed(name)
+        return None, False
+
+    async def served(
+        self, name: str | None, task: str | None = None, version: str | None = None
+    ) -> ServedModel:
+        """``model``, once the model is resident: with a memory budget, a model of the repository a request
+        names is loaded on demand (``resident``) before the door reads it. What a door calls for a request."""
+        await self.resident(name, task)
+        return self.model(name, task, version)
 
     def model(self, name: str | None, task: str | None = None, version: str | None = None) -> ServedModel:
         """The loaded model ``name`` (default: ``task``'s default model), its newest version; with
@@ -476,6 +260,15 @@ class InferenceService:
         if key is not None and self.quotas is not None:
             await self.quotas.charge(key, usage.input_tokens + usage.output_tokens)
 
+    def _charge_abandoned(self, usage: Usage) -> None:
+        """What a request that failed or whose caller left had used, charged in the background (its task is
+        being cancelled): generated tokens are spent whether or not anyone read them."""
+        if current_key() is None or self.quotas is None:
+            return
+        charging = asyncio.ensure_future(self._charge(usage))  # the request's context: its key
+        self._charging.add(charging)
+        charging.add_done_callback(self._charging.discard)
+
     @staticmethod
     def _allowed(name: str) -> None:
         """A model the caller's key may not use is a 403 (the key is known; the model is not its to use)."""
@@ -490,7 +283,7 @@ class InferenceService:
         The caller holds ``pipeline.leased()`` while it uses it: a version replaced or unloaded meanwhile
         (``load``, ``unload``) stops, and frees its sessions, only once every request on it is done."""
         self.check_ready()
-        await self.resident(model, kind.task)
+        await self.resident(model, kind.task)  # a key's model list is checked before any load (``resident``)
         pipeline = self.registry.resolve(kind, model)
         self._allowed(pipeline.name)
         return pipeline
@@ -711,11 +504,22 @@ class InferenceService:
         cache: CacheControl = USE_CACHE,
         request_id: str = "",
         choices: int = 1,
+        best_of: int | None = None,
     ) -> Outcome[Generation]:
         """``choices`` per prompt, all decoding together in the running batch; results prompt-major (prompt
         ``p``, choice ``c`` at ``p * choices + c``); choice ``c`` of a seeded request samples with
-        ``seed + c``. Each choice is cached only when deterministic (greedy or seeded)."""
-        pipeline, params = await self._generation(prompts, params, model, choices)
+        ``seed + c``. Each choice is cached only when deterministic (greedy or seeded).
+
+        ``best_of`` > ``choices`` (OpenAI's legacy parameter, as vLLM served it): ``best_of`` sequences
+        per prompt, of which the ``choices`` with the highest cumulative log-probability (the model's raw
+        one, the sum of the tokens' reported logprobs) are returned, best first; usage counts every
+        sequence generated, as OpenAI bills them."""
+        run = max(best_of or choices, choices)
+        ranked = run > choices
+        asked = params
+        if ranked and params.logprobs is None:
+            params = dataclasses.replace(params, logprobs=0)  # each token's own logprob, for the ranking
+        pipeline, params = await self._generation(prompts, params, model, run)
         with pipeline.leased():
 
             def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
@@ -724,12 +528,12 @@ class InferenceService:
                     {"prompts": list(prompts), **asdict(choice)},
                     Generation,
                     cache if choice.is_deterministic else BYPASS,
-                    lambda: pipeline.generate(prompts, choice, request_id),
+                    lambda: pipeline.generate(prompts, choice, request_id, self._charge_abandoned),
                 )
 
-            if choices == 1:  # no extra task: the sequences reach the engine as early as possible
+            if run == 1:  # no extra task: the sequences reach the engine as early as possible
                 return await one(params)
-            tasks = [asyncio.ensure_future(one(params.for_choice(c))) for c in range(choices)]
+            tasks = [asyncio.ensure_future(one(params.for_choice(c))) for c in range(run)]
             try:
                 outcomes = await asyncio.gather(*tasks)
             except BaseException:  # any failure cancels the other choices
@@ -737,13 +541,29 @@ class InferenceService:
                     task.cancel()
                 raise
             results = [o.results[p] for p in range(len(prompts)) for o in outcomes]
+            usage = Usage.of_generations(results, run)
+            if ranked:
+                results = _best(results, run, choices, keep_logprobs=asked.logprobs is not None)
             return Outcome(
                 pipeline.name,
                 pipeline.model.version,
                 results,
-                Usage.of_generations(results, choices),
+                usage,
                 cached=all(o.cached for o in outcomes),
             )
+
+    async def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        model: str | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """A chat's messages as one prompt, by the model's chat template (then ``generate`` or
+        ``open_streams`` it); InvalidInputError naming ``model`` when it has none, ``messages`` or a
+        ``chat_template_kwargs`` key when the template cannot take them."""
+        pipeline = await self._resolve(Generator, model)
+        return pipeline.chat_prompt(messages, add_generation_prompt, template_kwargs or {})
 
     async def open_streams(
         self,
@@ -773,6 +593,19 @@ class InferenceService:
                     stream.cancel()
                 raise
             return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices, self._charge)
+
+
+def _best(results: list[Generation], run: int, keep: int, keep_logprobs: bool) -> list[Generation]:
+    """Per prompt (``run`` results each, prompt-major), the ``keep`` of highest cumulative logprob, best
+    first (ties: the earlier choice); their logprobs dropped unless the client asked for them."""
+    kept: list[Generation] = []
+    for start in range(0, len(results), run):
+        group = results[start : start + run]
+        order = sorted(range(run), key=lambda c: -sum(t.logprob or 0.0 for t in group[c].logprobs or ()))
+        for c in order[:keep]:
+            g = group[c]
+            kept.append(g if keep_logprobs else dataclasses.replace(g, logprobs=None))
+    return kept
 
 
 _TaskCall = Callable[

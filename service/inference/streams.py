@@ -59,8 +59,14 @@ class GenerationStreams:
         return len(self.streams)
 
     def usage(self) -> Usage:
-        """The request's usage, over the choices that ended (all of them, once the iteration is over)."""
-        return Usage.of_generations([self._results[k] for k in sorted(self._results)], self.choices)
+        """The request's usage: each prompt's tokens once, and every token generated, however its choice
+        ended: a choice that ended counts its ``Generation``; one cut short (the client left, an error)
+        counts the tokens the engine had made for it. So a stream abandoned mid-way is charged in full."""
+        outputs = sum(
+            self._results[k].completion_tokens if k in self._results else stream.generated
+            for k, stream in enumerate(self.streams)
+        )
+        return Usage(self.prompt_tokens, outputs)
 
     def cancel(self) -> None:
         for stream in self.streams:

@@ -15,6 +15,7 @@ without never stand in for each other.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ class AttentionHook(Protocol):
         """Blocking: the graph's feeds for ``item``, answered with ``result``."""
         ...
 
-    async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+    async def attention_weights(self, feeds: dict[str, np.ndarray], selection: Selection) -> np.ndarray: ...
 
 
 async def with_attention(
@@ -99,9 +100,11 @@ async def with_attention(
         )
     outcome = await answer()
     first = outcome.results[0]
-    attention_map = await pipeline.in_compute_thread(
-        lambda: maps.render(pipeline.attention_feeds(item, first), selection)
-    )
+    feeds = await asyncio.to_thread(
+        pipeline.attention_feeds, item, first
+    )  # tokenizing, decoding: off the loop
+    weights = await pipeline.attention_weights(feeds.feeds, selection)
+    attention_map = maps.render(feeds, selection, weights)
     results = [dataclasses.replace(first, attention=attention_map), *outcome.results[1:]]  # type: ignore[type-var]
     return dataclasses.replace(outcome, results=results)
 
@@ -147,10 +150,9 @@ class AttentionMaps:
         probs = self.graph.run({n: feeds[n] for n in self.graph.input_names}, [name])[0][0]  # (H, T, S)
         return probs.mean(0) if selection.head is None else probs[selection.head]
 
-    def render(self, input: AttentionFeeds, selection: Selection) -> AttentionMap:
-        """Blocking: the map of ``input`` for ``selection``, rounded to ``DECIMALS``."""
+    def render(self, input: AttentionFeeds, selection: Selection, weights: np.ndarray) -> AttentionMap:
+        """The map of ``input`` for ``selection`` from its ``weights``, rounded to ``DECIMALS``."""
         assert self.spec is not None
-        weights = self.weights(input.feeds, selection)
         grid, cls_weight = None, None
         if (
             input.grid is not None

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 
 import numpy as np
 
@@ -23,10 +23,10 @@ from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.worker import Permit
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 from service.settings import Settings
 
-from .attention import AttentionFeeds, AttentionMaps, wordpiece_labels
+from .attention import AttentionFeeds, AttentionMaps, Selection, wordpiece_labels
 from .contract import TaskContract
 from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
 
@@ -40,6 +40,7 @@ class Building:
 
     settings: Settings
     metrics: Metrics | None = None
+    workers: Workers | None = None  # a front end's: the model runs in the engine process
 
     def policy(self) -> BatchPolicy:
         s = self.settings
@@ -55,6 +56,16 @@ class Building:
 
     def batcher_observer(self, name: str) -> BatcherObserver | None:
         return self.metrics.batcher_observer(name) if self.metrics is not None else None
+
+
+class Workers(Protocol):
+    """Where a front end's view pipelines send their models' work: the engine process (``service/ipc``)."""
+
+    def generation_engine(self, model: LoadedModel) -> Any:
+        """The stand-in for a generation model's ``GenerationEngine``."""
+
+    def attach(self, pipeline: ModelPipeline) -> None:
+        """Give a built pipeline the engine's workers in place of its own."""
 
 
 class ModelPipeline(ABC):
@@ -105,6 +116,11 @@ class ModelPipeline(ABC):
         await self._idle.wait()
 
     @property
+    def held(self) -> bool:
+        """A request holds it (``leased``): ``idle()`` waits for that to end."""
+        return self._users > 0
+
+    @property
     def busy(self) -> bool:
         """A request holds it, or work it queued is not done (a stream's sequences outlive its lease)."""
         return self._users > 0 or self.pending > 0
@@ -113,6 +129,10 @@ class ModelPipeline(ABC):
     def pending(self) -> int:
         """Work queued or running beyond the requests that hold the pipeline (none but for streams)."""
         return 0
+
+    def waiting_by_class(self) -> dict[int, int]:
+        """Items waiting in this model's queue, by priority class (what the engine process publishes)."""
+        return {}
 
     @property
     def name(self) -> str:
@@ -140,6 +160,9 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
             model.name, policy, self.run_batch, observer, model.span_attributes, instances=model.instances
         )
         self.attention_maps = AttentionMaps(model)
+        # A front end's view: how it has the engine process run one of this pipeline's methods on the
+        # model's compute thread (None: this process runs the model)
+        self.remote_compute: Callable[..., Awaitable[Any]] | None = None
 
     @abstractmethod
     def run_batch(self, items: list[Item]) -> Sequence[Out | BaseException]:
@@ -148,10 +171,19 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     async def start(self) -> None:
         await self.batcher.start()
 
+    def waiting_by_class(self) -> dict[int, int]:
+        return self.batcher.waiting_by_class()
+
     async def in_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on this model's compute thread (between its batches), never on the event loop:
-        the attention step's way in (``attention.with_attention``)."""
+        """``fn(*args)`` on this model's compute thread (between its batches), never on the event loop."""
         return await self.batcher.in_compute_thread(fn, *args)
+
+    async def attention_weights(self, feeds: dict[str, np.ndarray], selection: Selection) -> np.ndarray:
+        """The attention graph's weights for one input (``attention.with_attention``), on the model's compute
+        thread: this process's, or the engine process's for a front end's view."""
+        if self.remote_compute is not None:
+            return cast(np.ndarray, await self.remote_compute(self, "attention_weights", feeds, selection))
+        return cast(np.ndarray, await self.in_compute_thread(self.attention_maps.weights, feeds, selection))
 
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)
@@ -168,17 +200,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         with (
             contextlib.nullcontext(permit) if permit is not None else self.batcher.reserve(len(items)) as held
         ):
-            tasks = [
-                asyncio.ensure_future(self.batcher.submit(item, cost, held))
-                for item, cost in zip(items, costs, strict=True)
-            ]
-            try:
-                return list(await asyncio.gather(*tasks))
-            finally:
-                for task in tasks:  # on failure or cancellation: withdraw what is still queued
-                    if not task.done():
-                        task.cancel()
-                del tasks  # a failed task holds the error whose traceback holds this frame: break the cycle
+            return await self.batcher.submit_all(items, costs, held)
 
 
 class TextEncoderPipeline(BatchedPipeline[Item, Out]):

@@ -68,6 +68,8 @@ RANGES: dict[str, Range] = {
     "beam_size": Range(1, 8, integer=True),
     "num_return_sequences": Range(1, 8, integer=True),
     "length_penalty": Range(0.0, 5.0),
+    "min_tokens": Range(0, 2**31 - 1, integer=True),
+    "logit_bias": Range(-100.0, 100.0),  # each value; the keys are token ids of the model's vocabulary
 }
 
 
@@ -90,7 +92,7 @@ class Parameter:
     the one errors name when the client gave none)."""
 
     name: str
-    kind: Literal["int", "float", "bool", "strings"]  # strings: one string, or a list of them
+    kind: Literal["int", "float", "bool", "string", "strings"]  # strings: one string, or a list of them
     meaning: str
     public: tuple[str, ...] = ()
 

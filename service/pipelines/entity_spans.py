@@ -35,8 +35,40 @@ def word_predictions(
     ]
 
 
-def group_entities(tags: list[str], scores: list[float], word_spans: list[tuple[int, int]]) -> list[Entity]:
-    """BIO tags -> entities; an I-X that does not continue an X entity starts one (conlleval's reading)."""
+def token_predictions(
+    logits: np.ndarray, word_ids: list[int | None], offsets: list[tuple[int, int]], labels: list[str]
+) -> tuple[list[str], list[float], list[tuple[int, int]]]:
+    """Every real token's tag, softmax probability and character span (transformers' aggregation "simple":
+    no word-level vote; special tokens, which belong to no word, are left out)."""
+    probs = softmax(logits)  # float64
+    tags: list[str] = []
+    scores: list[float] = []
+    spans: list[tuple[int, int]] = []
+    for token, word in enumerate(word_ids):
+        if word is None:
+            continue
+        k = int(probs[token].argmax())
+        tags.append(labels[k])
+        scores.append(float(probs[token, k]))
+        spans.append(offsets[token])
+    return tags, scores, spans
+
+
+def _split_tag(tag: str, simple: bool) -> tuple[str, str]:
+    """(prefix, entity type); with ``simple``, transformers' reading: a tag without B-/I- is "I" of itself."""
+    if simple and not tag.startswith(("B-", "I-")):
+        return "I", tag
+    prefix, _, label = tag.partition("-")
+    return prefix, label
+
+
+def group_entities(
+    tags: list[str], scores: list[float], word_spans: list[tuple[int, int]], simple: bool = False
+) -> list[Entity]:
+    """BIO tags -> entities; an I-X that does not continue an X entity starts one (conlleval's reading).
+
+    ``simple``: the tags are tokens' (``token_predictions``), and a tag without a B-/I- prefix continues
+    a run of itself, as transformers' aggregation "simple" groups."""
     entities: list[Entity] = []
     current: Entity | None = None
     member_scores: list[float] = []
@@ -49,7 +81,7 @@ def group_entities(tags: list[str], scores: list[float], word_spans: list[tuple[
         current = None
 
     for w, tag in enumerate(tags):
-        prefix, _, label = tag.partition("-")
+        prefix, label = _split_tag(tag, simple)
         continues = current is not None and prefix == "I" and label == current.label
         if tag == "O" or not continues:
             close()

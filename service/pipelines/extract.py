@@ -26,7 +26,7 @@ from service.errors import InvalidInputError
 from .attention import AttentionFeeds
 from .base import Building, TextEncoderPipeline, TextPipeline
 from .contract import TaskContract, TensorSpec, text_input
-from .entity_spans import group_entities, word_char_spans, word_predictions
+from .entity_spans import group_entities, token_predictions, word_char_spans, word_predictions
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
 from .text_inputs import EncodedText, encode_texts, preprocess
@@ -69,6 +69,7 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
         self.stride = qa.stride
         self.max_question_length = qa.max_question_length
         self.max_answer_length = qa.max_answer_length
+        self.context_probabilities = qa.span_score == "context_probabilities"
         # Windows per model call: a long context's windows never exceed the batch token budget at once.
         self.rows_per_call = max(1, policy.max_batch_tokens // self.max_len)
 
@@ -86,7 +87,15 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
         first = 0
         for item in items:
             last = first + len(item)
-            spans.append(best_span(item, starts[first:last], ends[first:last], self.max_answer_length))
+            spans.append(
+                best_span(
+                    item,
+                    starts[first:last],
+                    ends[first:last],
+                    self.max_answer_length,
+                    self.context_probabilities,
+                )
+            )
             first = last
         return spans
 
@@ -208,11 +217,16 @@ class EntityTagger(TextPipeline[np.ndarray]):
         return tagged
 
     def entities(self, text: str, tagged: TaggedText, logits: np.ndarray) -> Entities:
-        tags, scores = word_predictions(logits, tagged.word_ids, self.labels)
-        spans = word_char_spans(tagged.word_ids, tagged.offsets)
+        tagging = self.model.manifest.tagging
+        simple = tagging is not None and tagging.aggregation == "simple"
+        if simple:  # every token its own tag
+            tags, scores, spans = token_predictions(logits, tagged.word_ids, tagged.offsets, self.labels)
+        else:
+            tags, scores = word_predictions(logits, tagged.word_ids, self.labels)
+            spans = word_char_spans(tagged.word_ids, tagged.offsets)
         found = [
             EntitySpan(text[e.start : e.end], e.label, e.start, e.end, e.score)
-            for e in group_entities(tags, scores, spans)
+            for e in group_entities(tags, scores, spans, simple)
         ]
         return Entities(found, tagged.truncated)
 

@@ -4,10 +4,10 @@ and how it is built from the settings, ``base.ModelPipeline``)."""
 from __future__ import annotations
 
 from service.engine.repository import LoadedModel
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 from service.settings import Settings
 
-from .base import Building, ModelPipeline
+from .base import Building, ModelPipeline, Workers
 from .classify import ImageClassifier, TextClassifier
 from .embed import SentenceEmbedder
 from .extract import EntityTagger, QuestionAnswerer
@@ -29,9 +29,15 @@ PIPELINES: dict[str, type[ModelPipeline]] = {
 }
 
 
-def build_pipeline(model: LoadedModel, settings: Settings, metrics: Metrics | None = None) -> ModelPipeline:
-    """The pipeline for the model's task (the repository loader has already refused unknown tasks)."""
-    pipeline = PIPELINES.get(model.task)
-    if pipeline is None:
+def build_pipeline(
+    model: LoadedModel, settings: Settings, metrics: Metrics | None = None, workers: Workers | None = None
+) -> ModelPipeline:
+    """The pipeline for the model's task (the repository loader has already refused unknown tasks); with
+    ``workers``, a front end's view, whose model runs in the engine process (``service/ipc/``)."""
+    cls = PIPELINES.get(model.task)
+    if cls is None:
         raise ValueError(f"no pipeline serves task {model.task!r}")
-    return pipeline.build(model, Building(settings, metrics))
+    pipeline = cls.build(model, Building(settings, metrics, workers))
+    if workers is not None:
+        workers.attach(pipeline)
+    return pipeline

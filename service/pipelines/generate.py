@@ -11,8 +11,9 @@ decoding them at its next step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from service.engine.continuous_batching import GenerationEngine
 from service.engine.errors import PromptError
@@ -20,10 +21,13 @@ from service.engine.generation_contract import GenerationRequest, GenerationResu
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
+from service.engine.speculation import Speculation
+from service.engine.structured_output import GrammarError
 from service.engine.worker import Permit
 from service.errors import InvalidInputError
 
 from .base import Building, ModelPipeline
+from .chat_template import ChatTemplate, ChatTemplateError
 from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Generation, Outcome, Usage
 from .text_inputs import encode_texts, preprocess
@@ -48,6 +52,11 @@ class OpenStream:
 
     async def result(self) -> Generation:
         return generation_of(await self.stream.result())
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far, however the sequence ends (``GenerationStream.generated``)."""
+        return self.stream.generated
 
     def cancel(self) -> None:
         self.stream.cancel()
@@ -75,12 +84,24 @@ class Generator(ModelPipeline):
             Parameter("repetition_penalty", "float", "1 = off"),
             Parameter("seed", "int", "reproducible sampling"),
             Parameter("stop", "strings", "generation ends before the first"),
+            Parameter(
+                "min_tokens", "int", "no end of text or stop string before this many tokens (default 0)"
+            ),
+            Parameter("guided_json", "string", "the text is JSON following this JSON schema"),
+            Parameter("guided_regex", "string", "the text matches this regular expression"),
+            Parameter("guided_choice", "strings", "the text is one of these strings"),
+            Parameter("guided_grammar", "string", "the text follows this Lark grammar"),
         ),
     )
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> Generator:
         s = building.settings
+        template = (
+            s.chat_template.read_text() if s.chat_template is not None else model.manifest.chat_template
+        )
+        if building.workers is not None:  # a front end's view: the engine process runs the model
+            return cls(model, building.workers.generation_engine(model), template)
         engine = GenerationEngine(
             model,
             max_running=s.max_running_sequences,
@@ -89,15 +110,54 @@ class Generator(ModelPipeline):
             observer=building.metrics.generation_observer(model.name)
             if building.metrics is not None
             else None,
+            prefix_cache_bytes=int(s.prefix_cache_mib * 2**20),
+            prefix_block_tokens=s.prefix_cache_block_tokens,
+            speculation=Speculation(
+                s.speculative_ngram_tokens,
+                s.speculative_ngram_max,
+                min(s.speculative_ngram_min, s.speculative_ngram_max),
+                s.speculative_ngram_max_rows,
+            )
+            if s.speculative_ngram_tokens
+            else None,
         )
-        return cls(model, engine)
+        return cls(model, engine, template)
 
-    def __init__(self, model: LoadedModel, engine: GenerationEngine) -> None:
-        """``engine`` runs ``model``: its queue and decoding loop are set up by the caller (``factory.py``)."""
+    def __init__(
+        self, model: LoadedModel, engine: GenerationEngine | Any, chat_template: str | None = None
+    ) -> None:
+        """``engine`` runs ``model``: its queue and decoding loop are set up by the caller (``factory.py``);
+        ``chat_template`` (Jinja2 source) turns messages into a prompt (None: no chat)."""
         super().__init__(model)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
         self.engine = engine
+        self.chat_template = None
+        if chat_template is not None:
+            names = {
+                f"{name}_token": model.tokenizer.id_to_token(i)
+                for name, i in model.manifest.special_tokens.items()
+            }
+            self.chat_template = ChatTemplate(
+                chat_template, {k: v for k, v in names.items() if v is not None}
+            )
+
+    def chat_prompt(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, kwargs: Mapping[str, Any]
+    ) -> str:
+        """The prompt of a chat, rendered with the model's template; InvalidInputError naming the field the
+        template could not take, or ``model`` when it has no template."""
+        if self.chat_template is None:
+            raise InvalidInputError(
+                f"model {self.name!r} has no chat template (CHAT_TEMPLATE, or the manifest's chat_template), so "
+                "chat completions are not supported; use POST /v1/completions with a prompt",
+                "model",
+                "no_chat_template",
+            )
+        try:
+            return self.chat_template.render(messages, add_generation_prompt, kwargs)
+        except ChatTemplateError as exc:
+            raise InvalidInputError(exc.message, exc.field, "chat_template") from exc
 
     async def start(self) -> None:
         await self.engine.start()
@@ -106,46 +166,89 @@ class Generator(ModelPipeline):
     def pending(self) -> int:
         return self.engine.running + self.engine.waiting
 
+    def waiting_by_class(self) -> dict[int, int]:
+        return self.engine.waiting_by_class()
+
     async def stop(self, timeout_s: float) -> None:
         await self.engine.stop(drain=True, timeout_s=timeout_s)
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         return [list(encoding.ids) for encoding in encode_texts(self.tokenizer, prompts)]
 
-    def _submit(
+    def check(self, params: SamplingParams) -> None:
+        """What only the model can say of a request's parameters: ``logit_bias`` names its own tokens, and
+        a structured output's grammar compiles for its vocabulary (a 400 naming the client's field, with
+        the part the grammar engine refused)."""
+        structured = params.structured_outputs
+        if structured is not None:
+            try:
+                self.engine.grammars.compile(structured)
+            except GrammarError as exc:
+                raise InvalidInputError(
+                    f"the {structured.kind} constraint does not compile: {exc}",
+                    structured.field,
+                    "invalid_grammar",
+                ) from exc
+        vocab = self.engine.vocab_size
+        for token, _ in params.logit_bias:
+            if token >= vocab:
+                raise InvalidInputError(
+                    f"token id {token} is not in model {self.name!r}'s vocabulary of {vocab}",
+                    "logit_bias",
+                    "out_of_range",
+                )
+
+    async def _checked(self, params: SamplingParams) -> None:
+        """``check``, off the event loop when a grammar is to be compiled (a large schema takes a while)."""
+        if params.structured_outputs is None:
+            self.check(params)
+        else:
+            await asyncio.to_thread(self.check, params)
+
+    async def _submit(
         self, encoded: list[list[int]], params: SamplingParams, request_id: str, permit: Permit
     ) -> list[GenerationStream]:
         """Every prompt queued, or none: a prompt the engine refuses is the client's error."""
         try:
-            return self.engine.submit_all(
+            return await self.engine.admit_all(
                 [GenerationRequest(ids, params, request_id) for ids in encoded], permit
             )
         except PromptError as exc:
             raise InvalidInputError(exc.message, "inputs", exc.reason, exc.index) from exc
 
     async def generate(
-        self, prompts: Sequence[str], params: SamplingParams, request_id: str = ""
+        self,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        request_id: str = "",
+        on_abandoned: Callable[[Usage], None] | None = None,
     ) -> Outcome[Generation]:
-        """All prompts decode concurrently in the engine's running batch; results in prompt order."""
+        """All prompts decode concurrently in the engine's running batch; results in prompt order. When the
+        request fails or its caller goes away mid-way, ``on_abandoned`` gets what it used until then: the
+        prompts' tokens and every token generated."""
+        await self._checked(params)
         with self.engine.reserve(
             len(prompts)
         ) as permit:  # a full queue refuses before tokenisation is paid for
             encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
-            streams = self._submit(encoded, params, request_id, permit)
+            streams = await self._submit(encoded, params, request_id, permit)
             try:
                 finished = await asyncio.gather(*(s.result() for s in streams))
             except BaseException:  # a failed sequence, or the caller went away: stop the others too
                 for stream in streams:
                     stream.cancel()
+                if on_abandoned is not None:
+                    on_abandoned(Usage(sum(map(len, encoded)), sum(s.generated for s in streams)))
                 raise
         results = [generation_of(r) for r in finished]
         return Outcome(self.name, self.model.version, results, Usage.of_generations(results))
 
     async def open_stream(self, prompt: str, params: SamplingParams, request_id: str = "") -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
+        await self._checked(params)
         with self.engine.reserve(1) as permit:
             (ids,) = await preprocess(len(prompt), self.encode, [prompt])
-            (stream,) = self._submit([ids], params, request_id, permit)
+            (stream,) = await self._submit([ids], params, request_id, permit)
             return OpenStream(stream, len(ids))
 
     async def warmup(self) -> None:

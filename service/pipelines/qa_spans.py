@@ -82,12 +82,19 @@ def answer_token_span(window: QAWindow, answer_start: int, answer_end: int) -> t
 
 
 def best_span(
-    windows: list[QAWindow], start_logits: list[np.ndarray], end_logits: list[np.ndarray], max_answer_len: int
+    windows: list[QAWindow],
+    start_logits: list[np.ndarray],
+    end_logits: list[np.ndarray],
+    max_answer_len: int,
+    context_probabilities: bool = False,
 ) -> Span | None:
     """The highest start+end score over context tokens with start <= end < start + max_answer_len.
 
     The score reported is p(start) * p(end) under each window's softmax, so
-    it reads as a confidence between 0 and 1.
+    it reads as a confidence between 0 and 1. Windows compete by their best start + end logit; with
+    ``context_probabilities`` (transformers' question-answering pipeline, the manifest's
+    ``qa.span_score``), each window's softmax covers its context tokens and [CLS] alone and windows
+    compete by that p(start) * p(end).
     """
     best: Span | None = None
     best_logit = -np.inf
@@ -103,10 +110,13 @@ def best_span(
         pairs = np.where(allowed, pairs, -np.inf)
         flat = int(pairs.argmax())
         bi, bj = divmod(flat, n)
-        if pairs[bi, bj] > best_logit:
-            best_logit = float(pairs[bi, bj])
-            p_start = np.exp(s[bi] - np.logaddexp.reduce(s))
-            p_end = np.exp(e[bj] - np.logaddexp.reduce(e))
+        # transformers' pipeline normalises over the context tokens and [CLS] (the window's first token)
+        normalised = in_context | (np.arange(n) == 0) if context_probabilities else np.ones(n, dtype=bool)
+        p_start = np.exp(s[bi] - np.logaddexp.reduce(s[normalised]))
+        p_end = np.exp(e[bj] - np.logaddexp.reduce(e[normalised]))
+        candidate = float(p_start * p_end) if context_probabilities else float(pairs[bi, bj])
+        if candidate > best_logit:
+            best_logit = candidate
             start_off, end_off = window.context_offsets[bi], window.context_offsets[bj]
             assert start_off is not None and end_off is not None
             best = Span(start_off[0], end_off[1], float(p_start * p_end), w)

@@ -10,8 +10,8 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service import spans
 from service.engine.runtime import Graph
+from service.observe import spans
 
 P = ParamSpec("P")
 T = TypeVar("T")

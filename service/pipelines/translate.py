@@ -137,7 +137,7 @@ class Translator(BatchedPipeline[SourceItem, list[Hypothesis]]):
             model.graphs["encoder"], model.graphs["decoder"], manifest, model.inplace.get("decoder")
         )
         self.max_new_tokens = min(max_new_tokens, self.seq2seq.max_new_tokens)
-        self.bos, self.eos = manifest.token("bos"), manifest.token("eos")
+        self.bos, self.eos = manifest.decoder_start, manifest.token("eos")
 
     def run_batch(self, items: list[SourceItem]) -> Sequence[list[Hypothesis] | BaseException]:
         groups: dict[tuple[int, int, float, int], list[int]] = {}

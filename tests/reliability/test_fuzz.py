@@ -104,6 +104,8 @@ def service(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "LOG_LEVEL": "warning",
         "INTRA_OP_THREADS": "1",
         "MAX_QUEUE_DELAY_MS": "0",
+        # chat answers with the template, so its requests reach the engine as completions' do
+        "CHAT_TEMPLATE": str(Path(__file__).parents[1] / "data" / "chat_template.jinja"),
         **LIMITS,
     }
     log_path = tmp_path_factory.mktemp("fuzz") / "service.log"

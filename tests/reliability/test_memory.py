@@ -7,7 +7,7 @@ Two causes were found behind resident memory that climbed burst after burst (379
    traceback held the watcher's frame), so each refused 4 MB body lived until the garbage collector's
    next full pass; ``test_a_failed_request_leaves_no_cycle`` walks the doors' error paths with the
    collector's DEBUG_SAVEALL and finds no frame of the service among the garbage;
-2. glibc keeping the freed memory; ``service/memory.py`` returns it (``malloc_trim``) once resident
+2. glibc keeping the freed memory; ``service/models/memory.py`` returns it (``malloc_trim``) once resident
    memory has grown MALLOC_TRIM_MIB past its last mark. ``test_resident_memory_returns_after_bursts``
    is the soak: a bound on memory, not on time.
 """

@@ -20,9 +20,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
 from harness.ports import free_port
-from service.api.http.auth import ApiKeys
+from service.access.keys import ApiKeys
 from service.engine.repository import without_paths
-from service.logs import LOG_FORMAT, LogLineFormatter
+from service.observe.logs import LOG_FORMAT, LogLineFormatter
 from service.settings import Settings
 
 KEYS = ["k-first-0123456789", "k-second-9876543210"]

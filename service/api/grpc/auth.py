@@ -1,4 +1,4 @@
-"""API keys on the gRPC door: the HTTP door's table (``api/http/auth.py``), applied before any RPC runs.
+"""API keys on the gRPC door: the key table of both doors (``service/access/keys.py``), applied before any RPC runs.
 
 An interceptor rather than a check inside each RPC, so that no RPC can be added without it: every
 method, the ones this service leaves ``UNIMPLEMENTED`` included, answers ``UNAUTHENTICATED`` without a
@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from service.api.http.auth import ApiKeys, presented_key
+from service.access.keys import ApiKeys, presented_key
 
 UNAUTHENTICATED = "a valid API key is required: metadata authorization: Bearer KEY, or x-api-key: KEY"
 

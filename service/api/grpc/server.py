@@ -12,16 +12,29 @@ from collections.abc import Sequence
 import grpc
 from tritonclient.grpc import service_pb2_grpc as rpc
 
+from service.access.keys import ApiKeys, ControlAccess
+from service.access.quotas import Quotas
 from service.api.grpc.auth import ApiKeyInterceptor
 from service.api.grpc.servicer import InferenceServicer
-from service.api.http.auth import ApiKeys, ControlAccess
 from service.inference import InferenceService
 from service.lifecycle import Lifecycle
-from service.metrics import Metrics
-from service.quotas import Quotas
+from service.observe.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """gRPC over TLS with the HTTP door's certificate (TLS_*); with TLS_CLIENT_CA_FILE, clients must present
+    a certificate that CA signed (mutual TLS). None: plain gRPC."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    ca = settings.tls_client_ca_file
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=ca.read_bytes() if ca is not None else None,
+        require_client_auth=ca is not None,
+    )
 
 
 class GrpcServer:
@@ -56,7 +69,12 @@ class GrpcServer:
             self.server,
         )
         self.address = f"{settings.host}:{settings.grpc_port}"
-        self.port = self.server.add_insecure_port(self.address)
+        credentials = server_credentials(settings)
+        self.port = (
+            self.server.add_insecure_port(self.address)
+            if credentials is None
+            else self.server.add_secure_port(self.address, credentials)
+        )
         self.grace_s = settings.shutdown_timeout_s
 
     async def start(self) -> None:

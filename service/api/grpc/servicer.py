@@ -15,29 +15,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as rpc
 
-from service import spans
+from service.access.keys import PRIORITY_SERVED, Admission, ApiKeys, ControlAccess, admit_key, presented_key
+from service.access.quotas import Quotas
 from service.api.grpc.auth import metadata_of
-from service.api.grpc.errors import status_of
 from service.api.grpc.tensors import add_output, parameters_of, read_inputs, set_parameter
-from service.api.http.auth import ApiKeys, ControlAccess, admit_key, presented_key
 from service.api.http.request_id import client_request_id
 from service.api.oip import repository
 from service.api.oip.infer import InferCall, infer
 from service.api.oip.metadata import EXTENSIONS, PLATFORM, SERVER_NAME, model_metadata, server_version
 from service.api.oip.tasks import signature
 from service.context import RequestContext, bind, unbind
-from service.errors import ProblemError
+from service.errors import KINDS, ProblemError, problem_of
 from service.inference import InferenceService
-from service.inference.scheduling import CLASSES, scheduled
+from service.inference.scheduling import NAMES, scheduled
 from service.lifecycle import Lifecycle
-from service.metrics import Metrics
-from service.quotas import Quotas
+from service.observe import spans
+from service.observe.metrics import Metrics
 
 T = TypeVar("T")
 access_log = logging.getLogger("service.access")
@@ -81,19 +81,27 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         in_flight.inc()
         started, code = time.perf_counter(), grpc.StatusCode.OK
         remaining = context.time_remaining()  # the call's deadline, where the client set one
+        admitted: Admission | None = None
         try:
             entry = self.keys.identify(presented_key(metadata_of(context.invocation_metadata())))
             if entry is not None:
-                refused, _ = await admit_key(entry, self.quotas)
+                refused, admitted = await admit_key(entry, self.quotas)
                 if refused is not None:
+                    admitted = None  # not counted: nothing to give back
                     raise ProblemError(refused)
-            priority = CLASSES[entry.priority] if entry is not None and entry.priority else None
             timeout_s = remaining if remaining is not None and remaining > 0 else None
-            with scheduled(priority, timeout_s):
-                return await work()
+            with admitted.scheduled() if admitted is not None else nullcontext(), scheduled(None, timeout_s):
+                answer = await work()
+            if admitted is not None and admitted.ceiling.lowered_from is not None:
+                served = NAMES[admitted.ceiling.most_urgent]
+                context.set_trailing_metadata(((PRIORITY_SERVED.lower(), served),))
+            return answer
         except Exception as exc:
-            code, message = status_of(exc)
-            await context.abort(code, message)
+            problem = problem_of(exc, "gRPC")
+            code = getattr(grpc.StatusCode, problem.grpc)
+            if admitted is not None:
+                await admitted.settle(self.quotas, KINDS[problem.kind].refunded)
+            await context.abort(code, problem.text)
             raise  # abort raises; this line is never reached
         finally:
             elapsed = time.perf_counter() - started
@@ -127,15 +135,18 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         async def ready() -> pb.ModelReadyResponse:
-            model = self.core.model(request.name, version=request.version or None)
-            signature(model)  # a model without v2 tensors is not there for a v2 client
-            return pb.ModelReadyResponse(ready=self.core.phase == "ready")
+            # as Triton: a model the service knows but does not hold is ready: false, not an error
+            model, ready = self.core.model_ready(request.name, request.version or None)
+            if model is not None:
+                signature(model)  # a model without v2 tensors is not there for a v2 client
+            return pb.ModelReadyResponse(ready=ready)
 
         return await self._answer(context, "ModelReady", client_request_id(""), ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def metadata() -> pb.ModelMetadataResponse:
-            meta = model_metadata(self.core.model(request.name, version=request.version or None))
+            # with a budget, as ModelInfer: loaded on demand
+            meta = model_metadata(await self.core.served(request.name, version=request.version or None))
             out = pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=PLATFORM)
             for tensors, specs in ((out.inputs, meta.inputs), (out.outputs, meta.outputs)):
                 for spec in specs:

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from collections.abc import Callable
 
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
-from service import spans
+from service.api.http.fast_lane import FastLane
 from service.api.http.raw_errors import send_error
 from service.errors import Problem
 from service.inference import scheduling
 from service.lifecycle import Lifecycle
-from service.loop_lag import LoopLag
+from service.observe import spans
+from service.observe.loop_lag import LoopLag
 
 # Probes and scrapes are answered whatever the load: they are how operators see it.
 ALWAYS_ANSWERED = ("/health/", "/metrics", "/v2/health/")
@@ -74,16 +74,9 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-if sys.version_info >= (3, 11):
-
-    async def _read_body_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
-        async with asyncio.timeout(timeout_s):
-            return await _read_body(receive, limit)
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _read_body_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
-        return await asyncio.wait_for(_read_body(receive, limit), timeout_s)
+async def _read_body_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
+    async with asyncio.timeout(timeout_s):
+        return await _read_body(receive, limit)
 
 
 class Shedding:
@@ -93,23 +86,45 @@ class Shedding:
     is parsed: ``X-Request-Priority`` or the key's default (a body's own ``priority`` orders the queue
     only). ``lag_s`` 0: off."""
 
-    def __init__(self, lag: LoopLag, lag_s: float, on_shed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        lag: LoopLag,
+        lag_s: float,
+        on_shed: Callable[[], None] = lambda: None,
+        depth_limit: int = 0,
+    ) -> None:
         self.lag = lag
         self.lag_s = lag_s
         self.on_shed = on_shed
+        # In a front end of the split service: the engine's high- and normal-priority work waiting, as it
+        # last published it (set once the front end is connected), and the figure over which low priority
+        # is shed by it (SHED_QUEUE_DEPTH; 0: never)
+        self.urgent_waiting: Callable[[], int] | None = None
+        self.depth_limit = depth_limit
+
+    def _queue_over(self) -> bool:
+        return bool(
+            self.depth_limit and self.urgent_waiting is not None and self.urgent_waiting() >= self.depth_limit
+        )
 
     def refuses(self) -> bool:
-        return 0 < self.lag_s < self.lag.lag_s and scheduling.current().priority >= scheduling.LOW
+        if scheduling.current().priority < scheduling.LOW:
+            return False
+        return 0 < self.lag_s < self.lag.lag_s or self._queue_over()
 
     def refusal(self) -> Problem:
         """The answer to a request ``refuses`` turned away, counted."""
         self.on_shed()
-        lag_ms = self.lag.lag_s * 1000
-        message = (
-            f"the service is busy (its event loop runs {lag_ms:.0f} ms late, over SHED_LAG_MS "
-            f"{self.lag_s * 1000:g}) and the request is low priority; retry later"
+        if 0 < self.lag_s < self.lag.lag_s:
+            lag_ms = self.lag.lag_s * 1000
+            why = f"its event loop runs {lag_ms:.0f} ms late, over SHED_LAG_MS {self.lag_s * 1000:g}"
+        else:
+            why = f"its engine has more urgent work waiting than SHED_QUEUE_DEPTH ({self.depth_limit})"
+        return Problem(
+            "shed",
+            f"the service is busy ({why}) and the request is low priority; retry later",
+            retry_after_s=1,
         )
-        return Problem("shed", message, retry_after_s=1)
 
 
 def admit_requests(
@@ -118,15 +133,20 @@ def admit_requests(
     max_body_bytes: int,
     body_timeout_s: float,
     shedding: Shedding | None = None,
+    lane: FastLane | None = None,
 ) -> Callable[[ASGIApp], ASGIApp]:
-    async def admit(scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """The app's ``receive`` once the request is admitted; ``None`` once it was answered (or its client
-        left) here."""
+    """``lane``: the JSON routes' fast lane (``fast_lane.py``), which answers what it can of an admitted
+    request with its body in hand; the app answers the rest."""
+
+    async def admit(scope: Scope, receive: Receive, send: Send) -> tuple[Receive, bytes] | None:
+        """The app's ``receive`` once the request is admitted, and its body; ``None`` once it was answered
+        (or its client left) here."""
         length, has_body = _declared_length(scope)
         if length is not None and length > max_body_bytes:
             await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
             return None
         inner_receive = receive
+        body = b""
         if has_body:
             try:
                 body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
@@ -152,7 +172,7 @@ def admit_requests(
             message = f"the server is answering {lifecycle.in_flight} requests (MAX_IN_FLIGHT_REQUESTS); retry later"
             await send_error(scope, send, Problem("overloaded", message, retry_after_s=1))
             return None
-        return inner_receive
+        return inner_receive, body
 
     def middleware_factory(app: ASGIApp) -> ASGIApp:
         async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,14 +180,16 @@ def admit_requests(
                 await app(scope, receive, send)
                 return
             with spans.span("admission") as admission:
-                inner_receive = await admit(scope, receive, send)
+                admitted = await admit(scope, receive, send)
                 if admission is not None:
-                    admission.set_attribute("inference.admitted", inner_receive is not None)
-            if inner_receive is None:
+                    admission.set_attribute("inference.admitted", admitted is not None)
+            if admitted is None:
                 return
+            inner_receive, body = admitted
             lifecycle.request_started()
             try:
-                await app(scope, inner_receive, send)
+                if lane is None or not await lane.serve(scope, body, inner_receive, send):
+                    await app(scope, inner_receive, send)
             finally:
                 lifecycle.request_finished()
 

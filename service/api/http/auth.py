@@ -1,150 +1,24 @@
-"""Optional API keys: with API_KEYS set, every request needs one of them, else 401.
-
-A key travels as ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``. Keys are
-compared in constant time (``hmac.compare_digest`` against every configured
-key, no early exit), so response timing does not reveal how much of a guess
-was right. Health probes and /metrics stay open unless AUTH_HEALTH /
-AUTH_METRICS say otherwise (probes and scrapers rarely carry credentials);
-the OpenAPI schema, docs and their assets stay open. The check runs before the body is read.
-The gRPC door applies the same table (``HTTP_ACCESS`` / ``GRPC_ACCESS``) in its interceptor
-(``api/grpc/auth.py``).
+"""The API-key check on the HTTP door: a middleware applying the key table of ``service/access/keys.py``
+before the body is read (401 without a valid key), counting a keyed request against its quota and
+running it at its key's priority, with the ``RateLimit-*`` headers on its answer. The gRPC door applies
+the same table in its interceptor (``api/grpc/auth.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.access.keys import Admission, ApiKeys, admit_key, presented_key
+from service.access.quotas import Quotas
 from service.api.http.raw_errors import send_error
-from service.context import current as current_context
-from service.errors import ForbiddenError, Problem
-from service.inference.scheduling import CLASSES, scheduled
-from service.quotas import KeyEntry, Quotas, identify, load_keys_file
-from service.settings import Settings
-
-# Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
-# methods by name. ``open``: always (pages and assets hold no data); ``health`` and ``metrics``: open
-# unless AUTH_HEALTH / AUTH_METRICS; anything not listed needs a key. The gRPC door's health RPCs are
-# the HTTP probes' twins; ServerMetadata, like GET /v2, needs a key.
-Access = Literal["open", "health", "metrics"]
-HTTP_ACCESS: tuple[tuple[str, Access], ...] = (
-    ("/schema", "open"),
-    ("/static/", "open"),
-    ("/playground", "open"),
-    ("/health/", "health"),
-    ("/v2/health/", "health"),
-    ("/metrics", "metrics"),
-)
-GRPC_ACCESS: dict[str, Access] = {"ServerLive": "health", "ServerReady": "health"}
-
+from service.errors import REFUNDED_STATUSES, Problem
 
 # Where the auth middleware leaves an accepted request's cache scope (``cache_scope_of``).
 CACHE_SCOPE_KEY = "cache_scope"
-
-
-class ApiKeys:
-    def __init__(
-        self,
-        keys: Sequence[str],
-        protect_health: bool,
-        protect_metrics: bool,
-        scope_cache: bool = False,
-        entries: Sequence[KeyEntry] = (),
-    ) -> None:
-        self._keys = [k.encode() for k in keys if k]
-        self.entries = list(entries)  # API_KEYS_FILE: keys by hash, with their limits
-        self._scope_cache = scope_cache
-        self._open: set[str] = {"open"}
-        if not protect_health:
-            self._open.add("health")
-        if not protect_metrics:
-            self._open.add("metrics")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ApiKeys:
-        """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS and CACHE_SCOPE."""
-        entries = load_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else []
-        enabled = settings.api_keys or entries
-        keys = [*settings.api_keys, *(settings.admin_api_keys if enabled else [])]
-        return cls(keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key", entries)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys or self.entries)
-
-    def is_open(self, path: str) -> bool:
-        """Whether the HTTP ``path`` answers without a key."""
-        if path == "/":  # the redirect to the playground
-            return True
-        for prefix, access in HTTP_ACCESS:
-            if path == prefix.rstrip("/") or path.startswith(prefix):
-                return access in self._open
-        return False
-
-    def rpc_is_open(self, method: str) -> bool:
-        """Whether the gRPC method (``ServerLive``, or its full name ``/inference.GRPCInferenceService/...``)
-        answers without a key."""
-        access = GRPC_ACCESS.get(method.rsplit("/", 1)[-1])
-        return access is not None and access in self._open
-
-    def cache_scope(self, presented: bytes) -> str:
-        """The response-cache scope of a request that presented ``presented`` (CACHE_SCOPE=key: a digest of
-        the key, never the key itself, since cache keys are readable in Redis; else the shared one, "")."""
-        if not (self._scope_cache and self.enabled and presented):
-            return ""
-        return hashlib.sha256(b"tserve-cache-scope:" + presented).hexdigest()[:32]
-
-    def accepts(self, presented: bytes) -> bool:
-        return self._plain(presented) or self.identify(presented) is not None
-
-    def _plain(self, presented: bytes) -> bool:
-        valid = False
-        for key in self._keys:  # every key is compared, whichever matches
-            valid |= hmac.compare_digest(presented, key)
-        return valid
-
-    def identify(self, presented: bytes) -> KeyEntry | None:
-        """The API_KEYS_FILE entry of the presented key (None: a plain API key, or none)."""
-        return identify(self.entries, presented) if self.entries and presented else None
-
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
-
-class ControlAccess:
-    """Who may load and unload models: a key of ADMIN_API_KEYS (an admin key is an API key too), or, with
-    none set, anyone who can reach a service that listens on loopback only. One rule for both doors."""
-
-    def __init__(self, admin_keys: Sequence[str], loopback_only: bool) -> None:
-        self._keys = ApiKeys(admin_keys, True, True)
-        self.loopback_only = loopback_only
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ControlAccess:
-        return cls(settings.admin_api_keys, settings.host in LOOPBACK)
-
-    def describe(self) -> str:
-        """For the start-up log: which case holds."""
-        if self._keys.enabled:
-            return "repository control answers ADMIN_API_KEYS only"
-        if self.loopback_only:
-            return "no ADMIN_API_KEYS: repository control is open to callers on this host (HOST is loopback)"
-        return "no ADMIN_API_KEYS and HOST is not loopback: repository control is refused"
-
-    def check(self, presented: bytes) -> None:
-        """Raise ``ForbiddenError`` unless ``presented`` may make a control call."""
-        if self._keys.enabled:
-            if not (presented and self._keys.accepts(presented)):
-                raise ForbiddenError("loading and unloading models needs a key of ADMIN_API_KEYS")
-        elif not self.loopback_only:
-            raise ForbiddenError(
-                "loading and unloading models needs ADMIN_API_KEYS when the service listens beyond loopback"
-            )
 
 
 def cache_scope_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
@@ -152,56 +26,27 @@ def cache_scope_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     return str((connection.scope.get("state") or {}).get(CACHE_SCOPE_KEY, ""))
 
 
-def presented_key(headers: Mapping[bytes, bytes]) -> bytes:
-    """The key a request presents (lower-case header names): ``Authorization: Bearer KEY`` or ``X-API-Key``;
-    the gRPC door reads its metadata with the same rule."""
-    authorization = headers.get(b"authorization", b"")
-    scheme, _, token = authorization.partition(b" ")
-    if scheme.lower() == b"bearer" and token.strip():
-        return token.strip()
-    return headers.get(b"x-api-key", b"").strip()
-
-
 def _presented_key(scope: Scope) -> bytes:
     return presented_key(dict(scope["headers"]))
 
 
-async def admit_key(
-    entry: KeyEntry, quotas: Quotas | None
-) -> tuple[Problem | None, tuple[tuple[str, str], ...]]:
-    """Note the caller's key for the core (its models, its tokens) and count the request against its
-    quota: the refusal to send (429, or 503 when the store failed and QUOTA_FAIL_OPEN is false), if any,
-    and the ``RateLimit-*`` headers of an answer. The same for both doors."""
-    context = current_context()
-    if context is not None:
-        context.key = entry
-    if quotas is None:
-        return None, ()
-    verdict = await quotas.admit(entry)
-    if verdict.allowed:
-        return None, verdict.headers
-    if verdict.unavailable:
-        problem = Problem(
-            "unavailable", "the quota store is unavailable (QUOTA_FAIL_OPEN=false)", retry_after_s=1
-        )
-        return problem, ()
-    per = "requests" if verdict.limit == "requests" else "tokens"
-    retry = next((int(v) for k, v in verdict.headers if k == "Retry-After"), 1)
-    headers = tuple((k, v) for k, v in verdict.headers if k != "Retry-After")
-    message = f"key {entry.id!r} has used its {per} per minute; retry after {retry}s"
-    return Problem("quota_exceeded", message, retry_after_s=retry, headers=headers), ()
+class _Answering:
+    """``send`` for a keyed request: adds its admission's headers to the response's start, and notes the
+    status sent."""
 
+    def __init__(self, send: Send, admitted: Admission) -> None:
+        self.send = send
+        self.admitted = admitted
+        self.status = 0
 
-def _with_headers(send: Send, headers: tuple[tuple[str, str], ...]) -> Send:
-    """``send`` that adds ``headers`` to the response's start."""
-    raw = [(k.lower().encode(), v.encode()) for k, v in headers]
-
-    async def sending(message: Message) -> None:
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), *raw]}  # type: ignore[typeddict-item]
-        await send(message)
-
-    return sending
+            self.status = message["status"]
+            headers = self.admitted.answer_headers()
+            if headers:
+                raw = [(k.lower().encode(), v.encode()) for k, v in headers]
+                message = {**message, "headers": [*message.get("headers", []), *raw]}  # type: ignore[typeddict-item]
+        await self.send(message)
 
 
 def require_api_key(keys: ApiKeys, quotas: Quotas | None = None) -> Callable[[ASGIApp], ASGIApp]:
@@ -222,12 +67,16 @@ def require_api_key(keys: ApiKeys, quotas: Quotas | None = None) -> Callable[[AS
                 if entry is None:
                     await app(scope, receive, send)
                     return
-                problem, headers = await admit_key(entry, quotas)
+                problem, admitted = await admit_key(entry, quotas)
                 if problem is not None:
                     await send_error(scope, send, problem)
                     return
-                with scheduled(CLASSES[entry.priority] if entry.priority else None):
-                    await app(scope, receive, _with_headers(send, headers) if headers else send)
+                answering = _Answering(send, admitted)
+                try:
+                    with admitted.scheduled():
+                        await app(scope, receive, answering)
+                finally:
+                    await admitted.settle(quotas, answering.status in REFUNDED_STATUSES)
                 return
             message = (
                 "a valid API key is required: Authorization: Bearer KEY, or X-API-Key: KEY"

@@ -15,7 +15,7 @@ from litestar import Request
 from litestar.datastructures import State
 
 from service.inference import InferenceService
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 from service.settings import Settings
 
 HttpRequest = Request[Any, Any, Any]

@@ -39,11 +39,11 @@ from opentelemetry.semconv.attributes import (
     user_agent_attributes,
 )
 
-from service import spans
 from service.api.http.admission import ALWAYS_ANSWERED
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
-from service.metrics import Metrics
+from service.observe import spans
+from service.observe.metrics import Metrics
 
 access_log = logging.getLogger("service.access")
 
@@ -52,6 +52,14 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
     # The labelled children per (route, method, model, status): prometheus_client's labels() takes a
     # lock and builds a key on every call, a measurable share of the event loop's time per request.
     cache: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
+
+    in_flight_children: dict[str, Any] = {}
+
+    def in_flight_of(route: str) -> Any:
+        child = in_flight_children.get(route)
+        if child is None:
+            child = in_flight_children[route] = metrics.http_in_flight.labels(route)
+        return child
 
     def children(route: str, method: str, model: str, status: int) -> tuple[Any, Any]:
         key = (route, method, model, status)
@@ -80,7 +88,7 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
             context = RequestContext(request_id=rid)
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
-            in_flight = metrics.http_in_flight.labels(route)
+            in_flight = in_flight_of(route)
             in_flight.inc()
             started = time.perf_counter()
             sizes = [0, 0]  # body bytes received, sent

@@ -1,6 +1,8 @@
 """``X-Request-Priority`` and ``X-Request-Timeout-Ms``: any HTTP request's priority class and deadline, for
 every door (a body's own ``priority`` or ``timeout`` field, where its door has one, comes on top:
-``inference/scheduling.py``). A malformed header is a 400 naming it, before the body is read."""
+``inference/scheduling.py``). A malformed header, or one sent twice, is a 422 ``validation_error`` naming
+it (as the body's fields are), before the body is read. A key's ceiling (``service/access/keys.py``) still
+applies: a tenant's request is never served above its key's ``max_priority``."""
 
 from __future__ import annotations
 
@@ -10,14 +12,33 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.api.http.raw_errors import send_error
 from service.errors import InvalidInputError, problem_of
-from service.inference.scheduling import priority_named, scheduled, timeout_of
+from service.inference.scheduling import header_integer, priority_named, scheduled, timeout_of
 
 PRIORITY = b"x-request-priority"
 TIMEOUT_MS = b"x-request-timeout-ms"
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == name), None)
+def _header(scope: Scope, name: bytes, field: str) -> str | None:
+    """The header's one value (None: absent); sent more than once it is refused, since which one a proxy
+    or a client meant cannot be told."""
+    values = [v for k, v in scope["headers"] if k.lower() == name]
+    if len(values) > 1:
+        raise InvalidInputError(f"was sent {len(values)} times; send it once", field, "repeated_header")
+    return values[0].decode("latin-1") if values else None
+
+
+def _scheduling(scope: Scope) -> tuple[bool, int | None, float | None]:
+    """Whether the request sets either header, and the class and the timeout (seconds) they ask for."""
+    priority_text = _header(scope, PRIORITY, "X-Request-Priority")
+    timeout_text = _header(scope, TIMEOUT_MS, "X-Request-Timeout-Ms")
+    if priority_text is None and timeout_text is None:
+        return False, None, None
+    priority = None if priority_text is None else priority_named(priority_text, "X-Request-Priority")
+    timeout_s = None
+    if timeout_text is not None:
+        milliseconds = header_integer(timeout_text, "X-Request-Timeout-Ms")
+        timeout_s = timeout_of(milliseconds, "X-Request-Timeout-Ms", 1e-3)
+    return True, priority, timeout_s
 
 
 def schedule_requests() -> Callable[[ASGIApp], ASGIApp]:
@@ -26,21 +47,13 @@ def schedule_requests() -> Callable[[ASGIApp], ASGIApp]:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            priority_text, timeout_text = _header(scope, PRIORITY), _header(scope, TIMEOUT_MS)
-            if priority_text is None and timeout_text is None:
-                await app(scope, receive, send)
-                return
             try:
-                priority = (
-                    None if priority_text is None else priority_named(priority_text, "X-Request-Priority")
-                )
-                timeout_s = None
-                if timeout_text is not None:
-                    digits = timeout_text.strip()
-                    value: object = int(digits) if digits.lstrip("-").isdigit() else digits
-                    timeout_s = timeout_of(value, "X-Request-Timeout-Ms", 1e-3)
+                asked, priority, timeout_s = _scheduling(scope)
             except InvalidInputError as exc:
                 await send_error(scope, send, problem_of(exc))
+                return
+            if not asked:
+                await app(scope, receive, send)
                 return
             with scheduled(priority, timeout_s):
                 await app(scope, receive, send)

@@ -57,8 +57,7 @@ def _requested(
 
 
 async def infer(core: InferenceService, call: InferCall) -> InferResult:
-    await core.resident(call.model_name)
-    model = core.model(call.model_name, version=call.model_version)
+    model = await core.served(call.model_name, version=call.model_version)
     sig = signature(model)
     inputs = bind_inputs(model.name, sig, call.tensors)
     parameters = dict(call.parameters)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from service.api.http.auth import ControlAccess
+from service.access.keys import ControlAccess
 from service.api.oip.metadata import has_tensors
 from service.errors import ControlOffError, ForbiddenError, InvalidInputError, ModelNotFoundError
 from service.inference import InferenceService, ModelState

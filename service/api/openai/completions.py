@@ -1,4 +1,4 @@
-"""OpenAI-compatible generation: POST /v1/completions (JSON, or OpenAI's SSE chunks), POST /v1/chat/completions.
+"""OpenAI-compatible generation: POST /v1/completions (JSON, or OpenAI's SSE chunks); chat is ``chat.py``.
 
 A door into the same house as POST /v1/generate: the same ``InferenceService``
 calls (readiness, model resolution, response cache for deterministic requests),
@@ -41,7 +41,7 @@ from service.inference import Generation, GenerationStreams, ServedModel, TokenL
 
 log = logging.getLogger(__name__)
 
-_FINISH: dict[str, Literal["stop", "length"]] = {
+FINISH: dict[str, Literal["stop", "length"]] = {
     "eos": "stop",
     "stop": "stop",
     "length": "length",
@@ -94,11 +94,11 @@ def _choice(
         entries = [*(g.prompt_logprobs or []), *(g.logprobs or [])]
         logprobs = texts.logprobs(entries)
     return CompletionChoice(
-        index=index, text=prefix + g.text, finish_reason=_FINISH[g.finish_reason], logprobs=logprobs
+        index=index, text=prefix + g.text, finish_reason=FINISH[g.finish_reason], logprobs=logprobs
     )
 
 
-def _usage(usage: Usage) -> CompletionUsage:
+def usage_of(usage: Usage) -> CompletionUsage:
     return CompletionUsage(
         prompt_tokens=usage.input_tokens,
         completion_tokens=usage.output_tokens,
@@ -150,10 +150,10 @@ async def _chunks(
                 offsets[k] += len(event.text)
                 yield chunk(CompletionChoice(index=k, text=event.text, finish_reason=None, logprobs=logprobs))
             else:
-                finish = _FINISH[item.generation.finish_reason]
+                finish = FINISH[item.generation.finish_reason]
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=finish))
         if data.stream_options is not None and data.stream_options.include_usage:
-            yield response([], _usage(streams.usage()))
+            yield response([], usage_of(streams.usage()))
     except Exception as exc:  # headers are sent: the failure can only be reported in-band, as vLLM does
         yield _sse(json.dumps(openai_stream_error(exc, request)))
     yield b"data: [DONE]\n\n"
@@ -182,8 +182,7 @@ class CompletionsController(Controller):
         core = services.inference
         with data.field_names(), data.scheduled():
             core.check_ready()
-            await core.resident(data.model)
-            texts = TokenTexts(core.model(data.model, task="text-generation"))
+            texts = TokenTexts(await core.served(data.model, task="text-generation"))
             if data.stream:
                 return await self._stream(request, data, services, texts)
             outcome = await unless_disconnected(
@@ -195,6 +194,7 @@ class CompletionsController(Controller):
                     cache_control(request),
                     request_id_of(request) or "",
                     data.choices,
+                    data.best_of,
                 ),
             )
         n = data.choices
@@ -209,7 +209,7 @@ class CompletionsController(Controller):
             model=outcome.model,
             system_fingerprint=outcome.model_version,
             choices=choices,
-            usage=_usage(outcome.usage),
+            usage=usage_of(outcome.usage),
         )
         return Response(body)
 
@@ -226,25 +226,4 @@ class CompletionsController(Controller):
         body = _chunks(data, request, streams, texts)
         return GenerationChunks(
             body, streams, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-
-    @json_post(
-        "OpenAI chat completion: refused, the model has no chat template",
-        "/chat/completions",
-        responses=OPENAI_ERRORS,
-    )
-    async def chat_completions(self, data: dict[str, Any], services: Services) -> Response[Any]:
-        """The GPT served here is a base model without a chat template, so there is no honest way to
-        turn messages into a prompt: 400 (as vLLM answers for a model without a template). An unknown
-        ``model`` is a 404 first. Use POST /v1/completions with a prompt."""
-        model = data.get("model")
-        services.inference.check_ready()
-        generator = services.inference.model(
-            model if isinstance(model, str) else None, task="text-generation"
-        )
-        raise InvalidInputError(
-            f"model {generator.name!r} is a base model without a chat template, so chat completions are "
-            "not supported; use POST /v1/completions with a prompt",
-            "model",
-            "no_chat_template",
         )

@@ -1,10 +1,10 @@
 """The OpenAI-compatible routes' bodies: GET /v1/models is in ``system.py``; POST /v1/completions here.
 
 Field names, defaults and ranges are OpenAI's legacy Completions API, plus vLLM's
-``top_k`` and ``repetition_penalty`` (the ``openai`` client sends those in
+``top_k``, ``repetition_penalty`` and ``min_tokens`` (the ``openai`` client sends those in
 ``extra_body``). Parameters this service cannot honour are refused with a 400
-naming them (``suffix``, ``logit_bias``, ``best_of`` other than ``n``), never
-silently ignored; unknown fields too.
+naming them (``suffix``; ``best_of`` above ``n`` while streaming), never silently
+ignored; unknown fields too.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from pydantic_core import PydanticCustomError
 from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.body_schema import ModelName, Text, json_body, json_schema_of
 from service.api.http.fields import FieldNames, one_or_many
-from service.errors import KINDS
+from service.api.openai.structured import StructuredFields
+from service.errors import KINDS, InvalidInputError
 from service.inference import SamplingParams
+from service.inference.params import logit_bias
 from service.inference.scheduling import priority_of_vllm, scheduled
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)
@@ -62,7 +64,24 @@ class Scheduled(BaseModel):
         return scheduled(priority, self.timeout_ms / 1000 if self.timeout_ms is not None else None)
 
 
-class CompletionRequest(Scheduled, NoBooleanNumbers):
+def check_generation_extras(body: Any, new_tokens: int) -> None:
+    """``logit_bias`` keys and values, and ``min_tokens`` within the length: a 400 naming the field."""
+    if body.logit_bias:
+        try:
+            logit_bias(body.logit_bias)
+        except InvalidInputError as exc:
+            raise PydanticCustomError(
+                "logit_bias", "{message}", {"field": "logit_bias", "message": exc.message}
+            ) from exc
+    if body.min_tokens is not None and body.min_tokens > new_tokens:
+        raise PydanticCustomError(
+            "min_tokens",
+            "min_tokens ({min}) must not exceed the completion's length ({max})",
+            {"field": "min_tokens", "min": body.min_tokens, "max": new_tokens},
+        )
+
+
+class CompletionRequest(Scheduled, StructuredFields, NoBooleanNumbers):
     """OpenAI's ``POST /v1/completions`` body. Every prompt x ``n`` choice is one sequence in the engine's
     running batch; choice ``i`` of a seeded request samples with ``seed + i`` (as vLLM does)."""
 
@@ -111,9 +130,22 @@ class CompletionRequest(Scheduled, NoBooleanNumbers):
         default=None, gt=0.0, le=10.0, description="vLLM's extra (CTRL rule, prompt and output); 1 = off"
     )
     user: str | None = Field(default=None, max_length=256, description="Accepted and ignored")
-    best_of: int | None = Field(default=None, ge=1, description="Only null or equal to n (no re-ranking)")
+    best_of: int | None = Field(
+        default=None,
+        ge=1,
+        le=128,
+        description="Sequences generated per prompt (at least n); the n of highest cumulative logprob are "
+        "returned, best first; usage counts all of them. Not with stream",
+    )
     suffix: str | None = Field(default=None, description="Refused: this GPT does no insertion")
-    logit_bias: dict[str, float] | None = Field(default=None, description="Refused unless empty")
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description='{"token id": bias in [-100, 100]}, added to the logits before sampling'
+    )
+    min_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="vLLM's extra: no end of text and no stop string before this many tokens (default 0)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
@@ -123,10 +155,13 @@ class CompletionRequest(Scheduled, NoBooleanNumbers):
             raise PydanticCustomError("too_long", "at most 8 stop strings", {"field": "stop"})
         if self.suffix is not None:
             raise _unsupported("suffix", "the model only continues text")
-        if self.logit_bias:
-            raise _unsupported("logit_bias", "no per-token bias in the sampler")
-        if self.best_of is not None and self.best_of != self.choices:
-            raise _unsupported("best_of", "choices are not re-ranked; leave it out or equal to n")
+        check_generation_extras(self, self.new_tokens)
+        if self.best_of is not None and self.best_of < self.choices:
+            raise PydanticCustomError(
+                "best_of", "best_of must be at least n ({n})", {"field": "best_of", "n": self.choices}
+            )
+        if self.best_of is not None and self.best_of > self.choices and self.stream:
+            raise _unsupported("best_of", "best_of above n ranks finished sequences, so it cannot stream")
         if self.stream_options is not None and not self.stream:
             raise PydanticCustomError(
                 "stream_options",
@@ -175,6 +210,9 @@ class CompletionRequest(Scheduled, NoBooleanNumbers):
             seed=self.seed,
             logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo else None,
+            logit_bias=logit_bias(self.logit_bias) if self.logit_bias else (),
+            min_tokens=self.min_tokens or 0,
+            structured_outputs=self.structured(),
         )
 
 

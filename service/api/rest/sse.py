@@ -13,24 +13,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from litestar.response import ServerSentEventMessage
+import msgspec
 
 from service.api.http.error_body import error_body
-from service.api.http.streaming import GenerationEvents
-from service.api.rest.schemas.generate import DoneEventOut, TokenEventOut
+from service.api.http.streaming import GenerationEvents, sse_event
+from service.api.rest.schemas.generate import DoneEventOut
 from service.errors import problem_of
 from service.inference import GenerationStreams, TokenOut
 
+_encode = msgspec.json.Encoder().encode
 
-async def _events(
-    streams: GenerationStreams, request_id: str | None
-) -> AsyncIterator[ServerSentEventMessage]:
+
+async def _events(streams: GenerationStreams, request_id: str | None) -> AsyncIterator[bytes]:
     try:
         async for item in streams:
             if isinstance(item, TokenOut):
                 event = item.event
-                data = TokenEventOut(index=event.index, token_id=event.token_id, text=event.text)
-                yield ServerSentEventMessage(data=data.model_dump_json(), event="token")
+                # ``TokenEventOut``'s fields, in its order (the schema OpenAPI documents), encoded directly
+                data = {"index": event.index, "token_id": event.token_id, "text": event.text}
+                yield sse_event(_encode(data), b"token")
                 continue
             usage = streams.usage()
             done = DoneEventOut(
@@ -44,10 +45,10 @@ async def _events(
                     "total_tokens": usage.total_tokens,
                 },
             )
-            yield ServerSentEventMessage(data=done.model_dump_json(), event="done")
+            yield sse_event(done.model_dump_json().encode(), b"done")
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
         body = error_body(problem_of(exc, "a generation stream"), request_id)
-        yield ServerSentEventMessage(data=body.model_dump_json(exclude_none=True), event="error")
+        yield sse_event(body.model_dump_json(exclude_none=True).encode(), b"error")
 
 
 def generation_events(streams: GenerationStreams, request_id: str | None) -> GenerationEvents:

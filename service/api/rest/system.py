@@ -20,7 +20,7 @@ from service.api.rest.schemas.system import (
     VariantOut,
 )
 from service.inference import InferenceService, Manifest, ServedModel
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 
 
 def model_limits(manifest: Manifest) -> dict[str, Any]:
@@ -78,7 +78,15 @@ def describe(model: ServedModel) -> ModelOut:
         limits=model_limits(m.manifest),
         default_for=list(model.default_for),
         validation=validation_figures(m.manifest),
+        origin=_extra_section(m.manifest, "origin"),
+        checks=_extra_section(m.manifest, "checks"),
     )
+
+
+def _extra_section(manifest: Manifest, key: str) -> dict[str, Any] | None:
+    """A descriptive manifest section the typed Manifest keeps as an extra (an import's origin, checks)."""
+    section = (manifest.model_extra or {}).get(key)
+    return section if isinstance(section, dict) else None
 
 
 class ModelsController(Controller):
@@ -128,8 +136,8 @@ class HealthController(Controller):
         },
     )
     async def ready(self, inference: InferenceService) -> Response[ReadyResponse]:
-        """200 once every loaded model is warmed up; 503 while starting, draining or stopping, or with
-        no model at all.
+        """200 once every loaded model is warmed up; 503 while starting, draining or stopping, with no model
+        at all, or (a front end of the split service) while its engine process restarts.
 
         Refused folders do not make the service unready (the others serve); they are listed. Nor does
         an unreachable Redis: the cache fails open (``cache: degraded``) and requests are served uncached.
@@ -138,6 +146,8 @@ class HealthController(Controller):
         names = [m.name for m in inference.models()]
         if status == "ready" and not names:
             status = "no_models"
+        if status == "ready" and not inference.host.up:  # a front end whose engine process is restarting
+            status = "engine_restarting"
         body = ReadyResponse(
             status=status,
             models={name: "ready" if status == "ready" else status for name in names},

@@ -13,14 +13,14 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, post
-from litestar.response import ServerSentEvent, ServerSentEventMessage
+from litestar.response import ServerSentEvent, ServerSentEventMessage, Stream
 
 from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
 from service.api.http.request_id import request_id_of
-from service.api.http.streaming import GenerationEvents
+from service.api.http.streaming import GenerationEvents, sse_event
 from service.api.oip.tasks import core_parameters, field_names, flag, scheduling_of
 from service.api.v2.errors import V2_ERRORS, V2_EXCEPTION_HANDLERS, v2_stream_error
 from service.api.v2.schemas import GenerateRequest, GenerateResponse
@@ -59,8 +59,7 @@ def _paths(suffix: str) -> list[str]:
 
 
 async def _model(core: InferenceService, name: str, version: str | None) -> ServedModel:
-    await core.resident(name)
-    model = core.model(name, version=version)
+    model = await core.served(name, version=version)
     if model.task not in _GENERATE_TASKS:
         raise InvalidInputError(
             f"model {name!r} serves {model.task}; generate takes a text-generation or translation model",
@@ -147,7 +146,7 @@ class GenerateExtensionController(Controller):
         data: GenerateRequest,
         model_name: str,
         model_version: str | None = None,
-    ) -> ServerSentEvent:
+    ) -> Stream:
         """Server-Sent Events, ``data: {...}`` only (as Triton sends them): gpt sends one chunk per token
         (``text_output`` is the text that token adds), then a last chunk with ``text_output: ""`` and
         ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
@@ -178,13 +177,13 @@ async def _single(chunk: dict[str, Any]) -> AsyncIterator[ServerSentEventMessage
 
 async def _token_chunks(
     streams: GenerationStreams, base: dict[str, Any], request: Request[Any, Any, Any]
-) -> AsyncIterator[ServerSentEventMessage]:
+) -> AsyncIterator[bytes]:
     try:
         async for item in streams:
             if isinstance(item, TokenOut):
                 chunk = {**base, "text_output": item.event.text}
             else:
                 chunk = {**base, "text_output": "", "finish_reason": item.generation.finish_reason}
-            yield ServerSentEventMessage(data=msgspec.json.encode(chunk).decode())
+            yield sse_event(msgspec.json.encode(chunk))
     except Exception as exc:  # headers are sent: the failure can only be reported in-band
-        yield ServerSentEventMessage(data=msgspec.json.encode(v2_stream_error(exc, request)).decode())
+        yield sse_event(msgspec.json.encode(v2_stream_error(exc, request)))

@@ -10,7 +10,7 @@ from litestar import Controller, Request, post
 from litestar.openapi.spec import Operation
 from pydantic import ValidationError
 
-from service.api.http.auth import ControlAccess, presented_key
+from service.access.keys import ControlAccess, presented_key
 from service.api.http.body_schema import json_schema_of
 from service.api.http.client_json import parse_client_json
 from service.api.http.deps import Services

@@ -59,9 +59,10 @@ def _paths(suffix: str = "") -> list[str]:
     return [MODEL + suffix, VERSIONED + suffix]
 
 
-def resolve(core: InferenceService, name: str, version: str | None) -> ServedModel:
-    """The loaded model ``name``; with ``version``, only if that is the loaded version (the manifest's hash)."""
-    return core.model(name, version=version)
+async def resolve(core: InferenceService, name: str, version: str | None) -> ServedModel:
+    """The served model ``name`` (with a budget, loaded on demand as for infer); with ``version``, only if that
+    is a loaded version (the manifest's hash)."""
+    return await core.served(name, version=version)
 
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -147,19 +148,28 @@ class OpenInferenceController(Controller):
     async def model_metadata(
         self, inference: InferenceService, model_name: str, model_version: str | None = None
     ) -> ModelMetadata:
-        return model_metadata(resolve(inference, model_name, model_version))
+        return model_metadata(await resolve(inference, model_name, model_version))
 
     @get(
         _paths("/ready"),
-        summary="The model is loaded and the service ready (200), else 503",
-        responses={**_UNKNOWN, 503: ResponseSpec(data_container=ModelReadyOut, description="Not ready")},
+        summary="The model is loaded and the service ready (200); a known model that is not resident 400 "
+        "(as Triton); the service starting or draining 503",
+        responses={
+            **_UNKNOWN,
+            400: ResponseSpec(
+                data_container=ModelReadyOut, description="The model is not loaded (not ready)"
+            ),
+            503: ResponseSpec(data_container=ModelReadyOut, description="The service is not ready"),
+        },
     )
     async def model_ready(
         self, inference: InferenceService, model_name: str, model_version: str | None = None
     ) -> Response[ModelReadyOut]:
-        model = resolve(inference, model_name, model_version)
-        signature(model)  # a model without v2 tensors is not there for a v2 client
-        ready = inference.phase == "ready"
+        model, ready = inference.model_ready(model_name, model_version)
+        if model is not None:
+            signature(model)  # a model without v2 tensors is not there for a v2 client
+        if model is None:  # known, not resident (unloaded, refused, or loading on its first request)
+            return Response(ModelReadyOut(name=model_name, ready=False), status_code=400)  # as Triton
         headers = {} if ready else {"Retry-After": "1"}
         return Response(
             ModelReadyOut(name=model.name, ready=ready), status_code=200 if ready else 503, headers=headers
@@ -177,7 +187,7 @@ class OpenInferenceController(Controller):
         ``max_batch_size`` is 0 because the batch axis is part of each tensor's ``dims`` (``-1``); the
         service batches requests itself (``dynamic_batching``), up to MAX_ITEMS items per request.
         """
-        model = resolve(services.inference, model_name, model_version)
+        model = await resolve(services.inference, model_name, model_version)
         sig = signature(model)
         return {
             "name": model.name,
@@ -224,7 +234,8 @@ class OpenInferenceController(Controller):
         """Tensors per model: ``GET /v2/models/{name}`` (inputs, outputs, parameters) and
         docs/OPEN_INFERENCE_PROTOCOL.md. Outputs are JSON unless ``binary_data_output`` or an output's
         ``binary_data`` asks for binary."""
-        resolve(services.inference, model_name, model_version)  # an unknown model is a 404 before the body
+        # an unknown model is a 404 before the body; one of the repository not resident loads in ``infer``
+        services.inference.check_servable(model_name, model_version)
         raw = decompress(
             await request.body(),
             request.headers.get("content-encoding"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -10,12 +11,23 @@ from pydantic_core import PydanticCustomError
 from service.api.http.body_schema import Text, alternative, json_body, json_schema_of
 from service.api.http.error_body import ErrorBody
 from service.api.http.fields import FieldNames, one_or_many
+from service.api.http.structured import StructuredOutputs
 from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one, ranged
 from service.inference import DEFAULT_MAX_NEW_TOKENS, Generation, SamplingParams
 from service.inference.params import MAX_STOP_CHARS, MAX_STOP_STRINGS, sampling_params
 
 DEFAULTS = SamplingParams()  # the engine's defaults, written once there
-_SAMPLING = {"max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "stop", "seed"}
+_SAMPLING = {
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "stop",
+    "seed",
+    "min_tokens",
+    "logit_bias",
+}
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
@@ -42,6 +54,18 @@ class GenerateRequest(Request):
         description="Generation ends before the first stop string",
     )
     seed: int | None = ranged("seed", None, "Reproducible sampling, whatever shares the batch")
+    min_tokens: int = ranged(
+        "min_tokens", DEFAULTS.min_tokens, "No end of text or stop string before this many"
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None,
+        description="Keep the text inside one constraint (vLLM's): {json: schema} | {regex} | {choice: [..]} | "
+        "{grammar: lark} | {json_object: true}; one that does not compile is a 422 naming it",
+    )
+    logit_bias: dict[str, float] | None = Field(
+        default=None,
+        description='{"token id": bias in [-100, 100]}, added to the logits before sampling (OpenAI\'s)',
+    )
     stream: bool = Field(default=False, description="Answer with Server-Sent Events (single prompt only)")
 
     @model_validator(mode="after")
@@ -62,7 +86,10 @@ class GenerateRequest(Request):
 
     def sampling_params(self) -> SamplingParams:
         """The engine's parameters for every prompt of this request (no length: the core's default)."""
-        return sampling_params(**self.model_dump(include=_SAMPLING))
+        params = sampling_params(**self.model_dump(include=_SAMPLING))
+        if self.structured_outputs is None:
+            return params
+        return replace(params, structured_outputs=self.structured_outputs.constraint("structured_outputs"))
 
 
 GenerateBody = Annotated[

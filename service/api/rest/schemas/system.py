@@ -71,6 +71,16 @@ class ModelOut(BaseModel):
         description="The model's evaluation figures from its manifest, per data split (metrics, examples), "
         "measured at export on the served artifacts",
     )
+    origin: dict[str, Any] | None = Field(
+        default=None,
+        description="An imported checkpoint (python -m model_export import): its name, folder, architecture "
+        "and the sha256 over its files; null for the models built here",
+    )
+    checks: dict[str, Any] | None = Field(
+        default=None,
+        description="An imported checkpoint's figures against transformers, measured at import on the "
+        "served files (logits, generated tokens, spans, entities, embeddings: docs/IMPORT.md)",
+    )
 
 
 class NotServedOut(BaseModel):

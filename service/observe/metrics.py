@@ -188,6 +188,24 @@ class Metrics:
             "Finished sequences by finish reason (length, stop, eos)",
             ["model", "finish_reason"],
         )
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", model
+        )
+        self.prefix_cache_hits = counter(
+            "prefix_cache_hit_tokens", "Prompt tokens whose keys/values the prefix cache held", model
+        )
+        self.spec_proposed = counter(
+            "speculative_proposed_tokens", "Tokens proposed by n-gram speculation (prompt lookup)", model
+        )
+        self.spec_accepted = counter(
+            "speculative_accepted_tokens",
+            "Proposed tokens that decoding accepted (acceptance rate: over proposed)",
+            model,
+        )
+        self.prefix_cache_blocks = gauge(
+            "prefix_cache_blocks", "KV blocks resident in the prefix cache", model
+        )
+        self.prefix_cache_bytes = gauge("prefix_cache_bytes", "Bytes of KV blocks in the prefix cache", model)
 
         # --- response cache ------------------------------------------------------------------
         self.cache_hits = counter("cache_hits", "Responses answered from the cache", model)
@@ -214,6 +232,12 @@ class Metrics:
         self.quota_tokens = counter(
             "quota_tokens",
             "Tokens read and generated, charged to API keys (API_KEYS_FILE), by key id",
+            ["key"],
+        )
+        self.quota_refunds = counter(
+            "quota_refunds",
+            "Requests counted against their API key's requests per minute and then given back: the service "
+            "refused them without doing their work (shed, overloaded, a full queue, a deadline passed)",
             ["key"],
         )
         self.quota_errors = counter(
@@ -314,6 +338,9 @@ class Metrics:
 
     def tokens_charged(self, key_id: str, tokens: int) -> None:
         self.quota_tokens.labels(key_id).inc(tokens)
+
+    def quota_refunded(self, key_id: str) -> None:
+        self.quota_refunds.labels(key_id).inc()
 
     def quota_error(self) -> None:
         self.quota_errors.inc()
@@ -436,3 +463,13 @@ class GenerationMetrics(_ModelObserver):
     def on_depth(self, waiting: int, running: int) -> None:
         self._depth.set(waiting)
         self._in_flight.set(running)
+
+    def on_speculation(self, proposed_tokens: int, accepted_tokens: int) -> None:
+        self._m.spec_proposed.labels(self._model).inc(proposed_tokens)
+        self._m.spec_accepted.labels(self._model).inc(accepted_tokens)
+
+    def on_prefix_cache(self, queried_tokens: int, hit_tokens: int, blocks: int, bytes: int) -> None:
+        self._m.prefix_cache_queries.labels(self._model).inc(queried_tokens)
+        self._m.prefix_cache_hits.labels(self._model).inc(hit_tokens)
+        self._m.prefix_cache_blocks.labels(self._model).set(blocks)
+        self._m.prefix_cache_bytes.labels(self._model).set(bytes)

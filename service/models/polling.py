@@ -1,6 +1,6 @@
-"""MODEL_CONTROL_MODE=poll: the repository scanned every MODEL_REPOSITORY_POLL_S, and the core told what
+"""MODEL_CONTROL_MODE=poll: the repository scanned every MODEL_REPOSITORY_POLL_S, and the model host told what
 changed. A new folder, or one whose manifest names another version than the one serving, is loaded (the
-same swap as an explicit load: ``InferenceService.load``); a served model whose folder is gone for two
+same swap as an explicit load: ``ModelHost.load``); a served model whose folder is gone for two
 scans in a row is unloaded (one scan may fall between the publisher's removal of the old folder and
 its rename of the new one).
 
@@ -16,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 from service.engine.manifest import MANIFEST
 from service.engine.versions import CONFIG
 from service.errors import ServiceError
 
-from .loading import Loader
-from .service import InferenceService
+from service.models.loading import Loader
+
+if TYPE_CHECKING:
+    from service.models.host import ModelHost
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +34,9 @@ Fingerprint = tuple[tuple[str, int, int], ...]  # (file, mtime_ns, size) of each
 
 class RepositoryPoller:
     def __init__(
-        self, core: InferenceService, loader: Loader, interval_s: float, only: list[str] | None = None
+        self, host: ModelHost, loader: Loader, interval_s: float, only: list[str] | None = None
     ) -> None:
-        self.core = core
+        self.host = host
         self.loader = loader
         self.interval_s = interval_s
         self.only = set(only) if only else None
@@ -79,7 +82,7 @@ class RepositoryPoller:
     async def scan(self) -> None:
         """One scan: load what is new or changed, unload what is gone."""
         folders = {n for n in self.loader.folders() if self.only is None or n in self.only}
-        served = set(self.core.registry.versions)
+        served = set(self.host.registry.versions)
         for name in sorted(folders):
             fingerprint = self._fingerprint(name)
             if fingerprint is None or fingerprint == self._seen.get(name):
@@ -88,7 +91,7 @@ class RepositoryPoller:
                 log.info("%s: the repository's folder changed; loading what changed", name)
             self._seen[name] = fingerprint
             try:  # only the versions whose files changed are built (changed_only)
-                await self.core.load(name, changed_only=True)
+                await self.host.load(name, changed_only=True)
             except ServiceError as exc:  # the serving versions, if any, serve on; logged by the loader
                 log.warning("%s: not loaded: %s", name, exc)
         for name in served - folders:
@@ -98,6 +101,6 @@ class RepositoryPoller:
                 del self._missing[name]
                 self._seen.pop(name, None)
                 with contextlib.suppress(ServiceError):
-                    await self.core.unload(name)
+                    await self.host.unload(name)
         for name in folders:
             self._missing.pop(name, None)

@@ -1,5 +1,5 @@
 """MODEL_MEMORY_BUDGET: what each loaded version holds resident, measured as it loads, and which model was
-used least recently (``InferenceService`` decides what to load and unload)."""
+used least recently (``ModelHost`` decides what to load and unload)."""
 
 from __future__ import annotations
 

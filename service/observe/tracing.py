@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,12 +30,16 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from service import spans
+from service.observe import spans
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "transformer-serving"
 PROTOCOLS = ("grpc", "http/protobuf")
+
+# How long the final export may hold up an exit (SIGTERM): a collector that is down must not eat the pod's
+# grace period.
+FINAL_FLUSH_S = 1.0
 
 OnDrop = Callable[[str, int], None]  # (reason, spans): queue_full, export_failed, already_shutdown
 
@@ -168,8 +173,20 @@ class Tracing:
 
         return [aio_server_interceptor(tracer_provider=self.provider)]
 
-    def shutdown(self) -> None:
-        """Export what is still queued (bounded by the exporter's timeout), then stop."""
-        if self.provider is not None:
-            spans.deactivate(self.provider)
-            self.provider.shutdown()
+    def shutdown(self, within_s: float = FINAL_FLUSH_S) -> bool:
+        """Export what is still queued, then stop: for ``within_s`` at most. The SDK's own shutdown waits for
+        the exporter's timeout and retries (6-8 s with a collector that is down), most of the grace period a
+        pod gets; past the bound the spans still queued are dropped and the process goes on. Whether the
+        export finished in time."""
+        if self.provider is None:
+            return True
+        spans.deactivate(self.provider)
+        stopping = threading.Thread(target=self.provider.shutdown, name="trace-flush", daemon=True)
+        stopping.start()
+        stopping.join(within_s)
+        if stopping.is_alive():
+            log.warning(
+                "traces: the final export took over %.1f s; the spans still queued are dropped", within_s
+            )
+            return False
+        return True

@@ -2,7 +2,7 @@
 (``engine/repository.py``), then its pipeline built from the settings (``pipelines/factory.py``).
 
 At start-up for every folder (``startup``), and while serving for one folder by name (``build``, what
-``InferenceService.load`` swaps in). A name is one folder of the repository and nothing else: no
+``ModelHost.load`` swaps in). A name is one folder of the repository and nothing else: no
 separator, no ``..``, whatever a client sends. A link the operator put in the repository is followed,
 as at start-up (a client cannot make one).
 """
@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.engine.manifest import MANIFEST
-from service.engine.repository import ModelLoadError, load_model, load_repository, without_paths
+from service.engine.repository import ModelLoadError, load_model, load_repository, served_bytes, without_paths
 from service.engine.runtime import RuntimeOptions
 from service.engine.versions import VersionFolder, VersionPolicyError, policy_of, version_folders
 from service.errors import InvalidInputError, ModelFolderNotFoundError, ModelLoadFailedError
-from service.metrics import Metrics
+from service.observe.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
 from service.settings import Settings
 
-from .registry import ModelRegistry
+from service.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
         spinning=settings.intra_op_spinning,
         kv_cache=settings.kv_cache,
         instances=settings.model_instances,
+        cuda_graphs=settings.cuda_graphs,
+        tensorrt=settings.tensorrt,
+        tensorrt_cache_dir=settings.tensorrt_cache_dir,
+        max_batch_size=settings.max_batch_size,
     )
 
 
@@ -103,14 +107,19 @@ class Loader:
         task = raw.get("task") if isinstance(raw, dict) else None
         return task if isinstance(task, str) else None
 
-    def disk_bytes(self, name: str) -> int:
-        """The size of the model folder's files (what a first load is expected to take, before it is
-        measured); 0 for a name that is not a folder of the repository."""
+    def served_bytes(self, name: str) -> int:
+        """What a first load of model ``name`` is expected to take before it is measured: the files that the
+        versions its policy serves would open (each one's served variant only, ``served_bytes``); 0 for a
+        name that is not a folder of the repository."""
         try:
             folder = self.folder(name)
-            return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        except (OSError, InvalidInputError):
+            chosen = policy_of(folder, self.settings.model_version_policy.get(name)).choose(
+                version_folders(folder)
+            )
+        except (OSError, InvalidInputError, VersionPolicyError):
             return 0
+        options = runtime_options(self.settings)
+        return sum(served_bytes(v.path, options) for v in chosen)
 
     async def startup(self, only: list[str] | None) -> ModelRegistry:
         """Every folder (or those ``only`` names), loaded off the event loop; a broken one is refused."""

@@ -9,7 +9,8 @@ show, never the key) and the SHA-256 of the key:
     sha256 = "9f86d0..."            # sha256 of the key, hex
     requests_per_minute = 600
     tokens_per_minute = 200000      # tokens read and generated
-    priority = "high"               # the key's default class
+    priority = "normal"             # the key's default class
+    max_priority = "high"           # the most urgent class it may ask for (default: its default class)
     models = ["gpt", "bert-classifier"]
 
 Windows are sliding (the last 60 s, the previous fixed minute weighted by its overlap, as Cloudflare
@@ -34,17 +35,18 @@ import hmac
 import json
 import logging
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import tomllib
 import yaml
 from redis import asyncio as aioredis
 
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60.0
+_URGENCY = {"high": 0, "normal": 1, "low": 2}  # engine/scheduling.py's classes, most urgent first
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,16 @@ class KeyEntry:
     tokens_per_minute: int | None = None
     priority: str | None = None  # high | normal | low
     models: tuple[str, ...] | None = None  # None: every model
+    max_priority: str | None = None  # the most urgent class its requests may ask for (None: ``priority``)
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+    @property
+    def ceiling(self) -> str:
+        """The most urgent class a request of this key is served at: ``max_priority``, else its default
+        class, else ``normal`` (a key that declares neither may not raise itself above the others)."""
+        return self.max_priority or self.priority or "normal"
 
 
 class KeysFileError(ValueError):
@@ -85,6 +94,7 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
             "requests_per_minute",
             "tokens_per_minute",
             "priority",
+            "max_priority",
             "models",
         }
         if unknown:
@@ -101,9 +111,14 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
             value = item.get(limit)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise KeysFileError(f"{where}.{limit} must be a positive integer")
-        priority = item.get("priority")
-        if priority is not None and priority not in ("high", "normal", "low"):
-            raise KeysFileError(f"{where}.priority must be high, normal or low")
+        priority, ceiling = item.get("priority"), item.get("max_priority")
+        for field, value in (("priority", priority), ("max_priority", ceiling)):
+            if value is not None and value not in _URGENCY:
+                raise KeysFileError(f"{where}.{field} must be high, normal or low")
+        if priority is not None and ceiling is not None and _URGENCY[priority] < _URGENCY[ceiling]:
+            raise KeysFileError(
+                f"{where}.priority {priority!r} is more urgent than its max_priority {ceiling!r}"
+            )
         models = item.get("models")
         if models is not None and (
             not isinstance(models, list) or not all(isinstance(m, str) for m in models)
@@ -117,6 +132,7 @@ def load_keys_file(path: Path) -> list[KeyEntry]:
                 item.get("tokens_per_minute"),
                 priority,
                 tuple(models) if models is not None else None,
+                ceiling,
             )
         )
     ids = [e.id for e in entries]
@@ -143,10 +159,15 @@ class Count:
     allowed: bool
     used: float  # in the sliding window, after this hit when allowed
     reset_s: float  # until the current fixed minute ends
+    minute: int = 0  # the fixed minute (its start, ms since the epoch) the hit was counted in
 
 
 class Windows(Protocol):
     async def hit(self, name: str, limit: int, cost: int, force: bool = False) -> Count: ...
+
+    async def take_back(self, name: str, minute: int, cost: int) -> None:
+        """Uncount ``cost`` that a hit counted in ``minute`` (never below zero)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -161,21 +182,24 @@ class LocalWindows:
     """In process: one replica's counts (no Redis)."""
 
     def __init__(self) -> None:
-        self._counts: dict[tuple[str, float], float] = {}
+        self._counts: dict[tuple[str, int], float] = {}  # (name, minute in ms) -> count
 
     async def hit(self, name: str, limit: int, cost: int, force: bool = False) -> Count:
         now = time.time()
-        start = now - (now % WINDOW_S)
-        used, reset = _slide(
-            self._counts.get((name, start - WINDOW_S), 0), self._counts.get((name, start), 0), now
-        )
+        start = int(now * 1000) - int(now * 1000) % int(WINDOW_S * 1000)
+        previous = start - int(WINDOW_S * 1000)
+        used, reset = _slide(self._counts.get((name, previous), 0), self._counts.get((name, start), 0), now)
         if not force and cost and used + cost > limit:
-            return Count(False, used, reset)
+            return Count(False, used, reset, start)
         if cost:
             self._counts[(name, start)] = self._counts.get((name, start), 0) + cost
-            for stale in [k for k in self._counts if k[1] < start - WINDOW_S]:
+            for stale in [k for k in self._counts if k[1] < previous]:
                 del self._counts[stale]
-        return Count(True, used + cost, reset)
+        return Count(True, used + cost, reset, start)
+
+    async def take_back(self, name: str, minute: int, cost: int) -> None:
+        if (name, minute) in self._counts:
+            self._counts[(name, minute)] = max(0.0, self._counts[(name, minute)] - cost)
 
     async def close(self) -> None:
         pass
@@ -201,6 +225,13 @@ end
 return {1, tostring(used + cost), reset}
 """
 
+# KEYS[1]: one fixed minute's counter; ARGV[1]: what to take back (never below zero)
+_TAKE_BACK_LUA = """
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+if count > 0 then redis.call('DECRBY', KEYS[1], math.min(count, tonumber(ARGV[1]))) end
+return 0
+"""
+
 
 class RedisWindows:
     """In Redis, one atomic script per check: every replica sharing the Redis counts the same."""
@@ -210,15 +241,20 @@ class RedisWindows:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._script = self._client.register_script(_SLIDE_LUA)
+        self._take_back = self._client.register_script(_TAKE_BACK_LUA)
         self._prefix = prefix
 
     async def hit(self, name: str, limit: int, cost: int, force: bool = False) -> Count:
         now_ms = int(time.time() * 1000)
+        window_ms = int(WINDOW_S * 1000)
         allowed, used, reset_ms = await self._script(
             keys=[f"{self._prefix}:quota:{name}"],
-            args=[now_ms, int(WINDOW_S * 1000), limit, cost, int(force)],
+            args=[now_ms, window_ms, limit, cost, int(force)],
         )
-        return Count(bool(allowed), float(used), int(reset_ms) / 1000)
+        return Count(bool(allowed), float(used), int(reset_ms) / 1000, now_ms - now_ms % window_ms)
+
+    async def take_back(self, name: str, minute: int, cost: int) -> None:
+        await self._take_back(keys=[f"{self._prefix}:quota:{name}:{minute}"], args=[cost])
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -232,6 +268,8 @@ class QuotaObserver(Protocol):
 
     def tokens_charged(self, key_id: str, tokens: int) -> None: ...
 
+    def quota_refunded(self, key_id: str) -> None: ...
+
     def quota_error(self) -> None: ...
 
 
@@ -241,6 +279,7 @@ class Verdict:
     limit: str = ""  # requests | tokens, when refused
     headers: tuple[tuple[str, str], ...] = ()  # RateLimit-Limit / -Remaining / -Reset, Retry-After
     unavailable: bool = False  # the store failed and QUOTA_FAIL_OPEN is false
+    counted_in: int | None = None  # the minute the request was counted in (None: not counted)
 
 
 class Quotas:
@@ -254,6 +293,7 @@ class Quotas:
         """Count one request of ``entry``'s key, unless it passes a limit (then nothing is counted)."""
         try:
             headers: tuple[tuple[str, str], ...] = ()
+            counted_in = None
             if entry.tokens_per_minute is not None:
                 spent = await self.windows.hit(f"{entry.id}:tokens", entry.tokens_per_minute, 0)
                 if spent.used >= entry.tokens_per_minute:
@@ -263,9 +303,23 @@ class Quotas:
                 if not count.allowed:
                     return self._refuse(entry, "requests", entry.requests_per_minute, count)
                 headers = _rate_headers(entry.requests_per_minute, count)
-            return Verdict(True, headers=headers)
+                counted_in = count.minute
+            return Verdict(True, headers=headers, counted_in=counted_in)
         except Exception as exc:  # Redis down, a timeout: the configured fail mode
             return self._failed(exc)
+
+    async def refund(self, entry: KeyEntry, verdict: Verdict) -> None:
+        """Uncount a request that ``admit`` counted and the service then refused without doing its work
+        (shed, overloaded, a full queue, a deadline passed while it waited: ``errors.KINDS``' ``refunded``):
+        a refusal that did no work does not spend the key's requests per minute."""
+        if verdict.counted_in is None:
+            return
+        if self.observer is not None:
+            self.observer.quota_refunded(entry.id)
+        try:
+            await self.windows.take_back(f"{entry.id}:requests", verdict.counted_in, 1)
+        except Exception as exc:
+            self._failed(exc)
 
     async def charge(self, entry: KeyEntry, tokens: int) -> None:
         """The tokens a request of ``entry``'s key read and generated, once it ended."""

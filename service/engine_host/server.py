@@ -1,0 +1,327 @@
+"""The engine process's server: the model host's pipelines, driven by front ends over ``service/ipc``.
+
+One ROUTER socket takes every front end's requests; each is handled as a task of its own on this
+process's event loop, where the dynamic batchers, continuous batching, the priority queues and the
+deadline timers run as they do in one process. Answers, and every token of an engine step, go back to
+the front end that asked, one ZeroMQ message per front end per turn of the loop (``Outbox``). A PUB
+socket tells every front end what serves (``Models``, after each change) and that the engine lives
+(``Heartbeat``, with each model's queue by class, by which front ends shed low-priority work).
+
+A front end's streams are forwarded by a listener on each engine-side stream (``GenerationStream.
+listener``): no task per stream. A front end that dies is noticed within a second (its pid, from its
+``Hello``): its sequences are cancelled and its requests withdrawn, the other front ends untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from opentelemetry import propagate
+from opentelemetry.context import Context
+
+from service.engine.generation_contract import GenerationResult, TokenEvent
+from service.engine.generation_stream import GenerationStream
+from service.engine.scheduling import Scheduling
+from service.ipc.channel import Frame, Outbox, decode_batch, encode_broadcast, endpoints
+from service.ipc.messages import (
+    HEARTBEAT_S,
+    Abort,
+    Asked,
+    Call,
+    Ended,
+    Generate,
+    Heartbeat,
+    Hello,
+    Models,
+    ModelVersion,
+    Reply,
+    State,
+    Submit,
+    Token,
+)
+from service.models.host import ModelHost
+from service.models.registry import PREFERRED_DEFAULTS
+from service.pipelines.factory import PIPELINES
+from service.process import alive
+
+log = logging.getLogger(__name__)
+
+# What a front end may have a model's compute thread run by name (``Call(op="compute")``).
+COMPUTE = frozenset({"attention_weights"})
+
+
+def _trace(asked: Asked) -> Context | None:
+    return propagate.extract(asked.trace) if asked.trace else None
+
+
+def _scheduling(asked: Asked) -> Scheduling:
+    return Scheduling(asked.priority, asked.deadline)
+
+
+class _Frontend:
+    """One connected front end: its identity on the ROUTER, its pid, its outbox, its work in flight."""
+
+    def __init__(self, identity: bytes, send: Callable[[list[Frame]], None]) -> None:
+        self.identity = identity
+        self.pid = 0
+        self.outbox = Outbox(send)
+        self.streams: dict[int, GenerationStream] = {}  # its stream id -> the engine's stream
+        self.tasks: dict[int, asyncio.Task[None]] = {}  # request id -> the task answering it
+
+
+class _Forward:
+    """The listener of one engine-side stream: its events to the front end that owns it."""
+
+    __slots__ = ("frontend", "stream_id")
+
+    def __init__(self, frontend: _Frontend, stream_id: int) -> None:
+        self.frontend = frontend
+        self.stream_id = stream_id
+
+    def on_event(self, stream: GenerationStream, event: TokenEvent) -> None:
+        token = Token(self.stream_id, event.index, event.token_id, event.text)
+        self.frontend.outbox.put(token, event.logprob)
+
+    def on_result(self, stream: GenerationStream, result: GenerationResult) -> None:
+        self.frontend.outbox.put(Ended(self.stream_id, True), result, has_value=True)
+        self.frontend.streams.pop(self.stream_id, None)
+
+    def on_error(self, stream: GenerationStream, error: BaseException) -> None:
+        self.frontend.outbox.put(Ended(self.stream_id, False), error, has_value=True)
+        self.frontend.streams.pop(self.stream_id, None)
+
+
+class EngineServer:
+    def __init__(self, host: ModelHost, folder: Path) -> None:
+        self.host = host
+        self.folder = folder
+        self.epoch = time.time()
+        self.ready = False
+        self._number = 0  # the Models generation
+        self._frontends: dict[bytes, _Frontend] = {}
+        self._context = zmq.asyncio.Context()
+        self._router = self._context.socket(zmq.ROUTER)
+        self._pub = self._context.socket(zmq.PUB)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = asyncio.Event()
+
+    # --- the sockets -------------------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        requests, broadcast = endpoints(self.folder)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished front end's answers are dropped
+        self._router.bind(requests)
+        self._pub.bind(broadcast)
+        self.host.on_change = self.broadcast_models
+
+    async def serve(self) -> None:
+        """Answer front ends until ``close``."""
+        self.ready = True
+        self.broadcast_models()
+        self._tasks = [
+            asyncio.ensure_future(self._receive()),
+            asyncio.ensure_future(self._heartbeat()),
+            asyncio.ensure_future(self._watch_frontends()),
+        ]
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        self.ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._closed.set()
+        self._router.close(linger=0)
+        self._pub.close(linger=0)
+        self._context.term()
+
+    def _frontend(self, identity: bytes) -> _Frontend:
+        frontend = self._frontends.get(identity)
+        if frontend is None:
+
+            def send(frames: list[Frame]) -> None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._router.send_multipart([identity, *frames], copy=False)
+
+            frontend = self._frontends[identity] = _Frontend(identity, send)
+        return frontend
+
+    async def _receive(self) -> None:
+        while True:
+            identity, *parts = await self._router.recv_multipart(copy=False)
+            frontend = self._frontend(identity.bytes)
+            for envelope, payload in decode_batch(parts):
+                self._dispatch(frontend, envelope, payload)
+
+    def _dispatch(self, frontend: _Frontend, envelope: Any, payload: Any) -> None:
+        if isinstance(envelope, Submit):
+            self._start(frontend, envelope.id, self._submit(frontend, envelope, payload))
+        elif isinstance(envelope, Generate):
+            self._start(frontend, envelope.id, self._generate(frontend, envelope, payload))
+        elif isinstance(envelope, Call):
+            self._start(frontend, envelope.id, self._call(frontend, envelope, payload))
+        elif isinstance(envelope, Abort):
+            for stream_id in envelope.streams:
+                stream = frontend.streams.pop(stream_id, None)
+                if stream is not None:
+                    stream.cancel()  # twice is as once: a finished or cancelled stream ignores it
+            for request_id in envelope.requests:
+                task = frontend.tasks.get(request_id)
+                if task is not None:
+                    task.cancel()  # its items still queued are withdrawn (DynamicBatcher.submit_all)
+        elif isinstance(envelope, Hello):
+            frontend.pid = envelope.pid
+            log.info("front end %d connected", envelope.pid)
+
+    def _start(self, frontend: _Frontend, request_id: int, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        frontend.tasks[request_id] = task
+        task.add_done_callback(lambda _: frontend.tasks.pop(request_id, None))
+
+    def _reply(self, frontend: _Frontend, request_id: int, ok: bool, value: Any) -> None:
+        frontend.outbox.put(Reply(request_id, ok), value, has_value=True)
+
+    # --- the requests ------------------------------------------------------------------------------------
+
+    async def _submit(self, frontend: _Frontend, msg: Submit, payload: Any) -> None:
+        try:
+            pipeline = self.host.registry.get(msg.model, msg.version)
+            items = payload
+            with pipeline.leased():
+                results = await pipeline.batcher.submit_all(  # type: ignore[attr-defined]
+                    items, msg.costs, None, _scheduling(msg.asked), _trace(msg.asked)
+                )
+        except asyncio.CancelledError:
+            return  # the front end withdrew it: nobody waits for an answer
+        except Exception as exc:
+            self._reply(frontend, msg.id, False, exc)
+            return
+        self._reply(frontend, msg.id, True, results)
+
+    async def _generate(self, frontend: _Frontend, msg: Generate, payload: Any) -> None:
+        try:
+            pipeline = self.host.registry.get(msg.model, msg.version)
+            requests = payload
+            with pipeline.leased():
+                streams = await pipeline.engine.admit_all(  # type: ignore[attr-defined]
+                    requests, None, _scheduling(msg.asked), _trace(msg.asked)
+                )
+        except Exception as exc:
+            self._reply(frontend, msg.id, False, exc)
+            return
+        for stream_id, stream in zip(msg.streams, streams, strict=True):
+            stream.listener = _Forward(frontend, stream_id)
+            frontend.streams[stream_id] = stream
+        self._reply(frontend, msg.id, True, None)
+
+    async def _call(self, frontend: _Frontend, msg: Call, payload: Any) -> None:
+        try:
+            args = payload or ()
+            value = await self._operate(msg.op, *args)
+        except Exception as exc:
+            self._reply(frontend, msg.id, False, exc)
+            return
+        self.broadcast_models()  # a load, an unload or an on-demand load changed what serves
+        self._reply(frontend, msg.id, True, (value, self._number))
+
+    async def _operate(self, op: str, *args: Any) -> Any:
+        host = self.host
+        if op == "resident":
+            await host.resident(*args)
+            return None
+        if op == "load":
+            await host.load(*args)
+            return None
+        if op == "unload":
+            await host.unload(*args)
+            return None
+        if op == "repository":
+            return host.repository()
+        if op == "compute":
+            model, version, method, method_args = args
+            if method not in COMPUTE:
+                raise ValueError(f"{method!r} is not a method a front end may run")
+            pipeline = host.registry.get(model, version)
+            with pipeline.leased():
+                return await getattr(pipeline, method)(*method_args)
+        raise ValueError(f"unknown call {op!r}")
+
+    # --- what every front end must know ------------------------------------------------------------------
+
+    def broadcast_models(self) -> None:
+        self._number += 1
+        host = self.host
+        versions = []
+        for name, pipelines in host.registry.versions.items():
+            for pipeline in pipelines:
+                model = pipeline.model
+                folder = model.path.parent if model.label else model.path
+                versions.append(
+                    ModelVersion(
+                        name, str(folder), model.label, model.version, model.variant.name, model.provider
+                    )
+                )
+        loader = host.loader
+        folders = loader.folders() if loader is not None else []
+        defaults = dict(host.registry.defaults)
+        if host.memory.enabled and loader is not None:
+            for task in PIPELINES:
+                if task not in defaults:
+                    chosen = loader.default_for(task, PREFERRED_DEFAULTS.get(task))
+                    if chosen is not None:
+                        defaults[task] = chosen
+        message = Models(
+            self._number,
+            versions,
+            dict(host.registry.refused),
+            [State(s.name, s.version, s.state, s.reason) for s in host.repository()],
+            folders,
+            [n for n in folders if n not in host.registry.versions and host.loads_on_demand(n)],
+            defaults,
+        )
+        with contextlib.suppress(zmq.ZMQError):
+            self._pub.send(encode_broadcast(message))
+
+    async def _heartbeat(self) -> None:
+        pid = os.getpid()
+        models_every = max(1, int(2.0 / HEARTBEAT_S))  # a late front end hears what serves within 2 s
+        beat = 0
+        while True:
+            depth = {
+                name: pipeline.waiting_by_class() for name, pipeline in self.host.registry.pipelines.items()
+            }
+            with contextlib.suppress(zmq.ZMQError):
+                self._pub.send(encode_broadcast(Heartbeat(pid, self.epoch, self.ready, depth)))
+            beat += 1
+            if beat % models_every == 0:
+                self.broadcast_models()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _watch_frontends(self) -> None:
+        """A front end whose process is gone: its sequences cancelled, its requests withdrawn."""
+        while True:
+            await asyncio.sleep(1.0)
+            for identity, frontend in list(self._frontends.items()):
+                if frontend.pid and not alive(frontend.pid):
+                    log.warning(
+                        "front end %d is gone: cancelling its %d sequence(s) and %d request(s)",
+                        frontend.pid,
+                        len(frontend.streams),
+                        len(frontend.tasks),
+                    )
+                    for stream in list(frontend.streams.values()):
+                        stream.cancel()
+                    for task in list(frontend.tasks.values()):
+                        task.cancel()
+                    del self._frontends[identity]

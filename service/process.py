@@ -1,0 +1,29 @@
+"""The split service's processes die with their parent: no engine or front end outlives the service; and
+whether a process at the other end of a socket still lives."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
+    """Have the kernel send this process ``sig`` when its parent dies (Linux's ``PR_SET_PDEATHSIG``; a
+    no-op elsewhere). Call it first thing in the child (or as its ``preexec_fn``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
