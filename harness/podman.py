@@ -1,7 +1,7 @@
 """podman in the project's private state: the environment, a podman command, a build by scripts/podman_build.sh.
 
 scripts/podman_build.sh keeps every image, container, network and volume it and the tests make under
-PODMAN_STATE (.cache/podman by default), with its own containers.conf and storage.conf; ``env()`` points
+PODMAN_STATE (<cache>/podman by default, outside the clone: harness/cache.py), with its own containers.conf and storage.conf; ``env()`` points
 podman at that state and never at the machine's own.
 """
 
@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from harness.cache import cache_root
+
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "scripts" / "podman_build.sh"
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
@@ -25,8 +27,8 @@ def _state() -> dict[str, str]:
     ticker runs podman every second)."""
     out = subprocess.run([str(BUILD), "env"], capture_output=True, text=True, check=True, cwd=REPO)
     state = dict(item.partition("=")[::2] for item in out.stdout.split()[1:])  # "export A=x B=y"
-    if not state["CONTAINERS_CONF"].startswith(str(REPO)) and "PODMAN_STATE" not in os.environ:
-        raise RuntimeError("podman_build.sh env named a containers.conf outside the repository")
+    if not state["CONTAINERS_CONF"].startswith(str(cache_root())) and "PODMAN_STATE" not in os.environ:
+        raise RuntimeError("podman_build.sh env named a containers.conf outside the project's cache")
     return state
 
 

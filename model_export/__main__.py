@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 not args.no_variants,
                 args.seed,
             )
-        except ImportRefused as exc:
-            print(f"import refused: {exc}", file=sys.stderr)
+        except ImportRefused as exc:  # one line, whatever the reason quoted (docs/IMPORT.md)
+            print(f"import refused: {' '.join(str(exc).split())}", file=sys.stderr)
             return 2
         print(folder)
         return 0

@@ -6,10 +6,14 @@
 #   scripts/podman_build.sh runtime [PROFILE]  # the runtime with models (PROFILE tiny by default here)
 #   scripts/podman_build.sh env                # print the environment that points podman at this state
 #   scripts/podman_build.sh prune              # remove the whole state: containers, images, layers, cache
+#   scripts/podman_build.sh dangling           # remove the untagged layers replaced builds left
 #   scripts/podman_build.sh standins           # redis, prometheus and haproxy stand-ins from Debian packages
 #   scripts/podman_build.sh loadtest           # --target loadtest: locust with the load tests
 #
-# Everything lives in a private state folder (PODMAN_STATE, default .cache/podman): its own
+# Everything lives in a private state folder (PODMAN_STATE, default the project's cache outside the clone,
+# ~/.cache/transformer-serving/podman: harness/cache.py), so that a fresh clone of the same tree reuses
+# the layers podman keyed on each instruction and the content it copies (a changed file rebuilds from
+# its layer on; nothing stale is reused). Its
 # containers.conf and storage.conf through CONTAINERS_CONF and CONTAINERS_STORAGE_CONF, never the
 # machine's. The bases the Dockerfile takes as build args are made locally when missing:
 #   localhost/debian:bookworm          mmdebstrap (minbase) from this machine's apt sources, podman import
@@ -21,7 +25,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STATE=${PODMAN_STATE:-.cache/podman}
+CACHE_ROOT=${TSERVE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/transformer-serving}
+STATE=${PODMAN_STATE:-$CACHE_ROOT/podman}
 mkdir -p "$STATE"
 STATE=$(realpath "$STATE")
 DEBIAN_IMAGE=localhost/debian:bookworm
@@ -71,6 +76,18 @@ if [ "${1:-}" = "prune" ]; then
   fi
   rm -rf "$STATE"
   echo "podman_build: removed $STATE ($before)" >&2
+  exit 0
+fi
+# One build at a time in this state, whoever asks (the image and compose tests run on two workers): the
+# bases, the torch index's fixed port and the layer cache are shared, and a prune between two builds'
+# steps could take a layer one of them is about to reuse. A second build waits here, then finds the
+# first one's layers cached.
+exec 9>"$STATE/build.lock"
+flock 9
+
+if [ "${1:-}" = "dangling" ]; then
+  # The untagged layers replaced builds left (the deployment tests' clean-up), never a tagged stage's.
+  podman image prune --force >/dev/null
   exit 0
 fi
 for tool in podman buildah runc mmdebstrap; do
@@ -123,8 +140,22 @@ build() {  # build TARGET TAG [ARGS...]
   say "built $tag in $((SECONDS - started)) s"
 }
 
+# The stages that no final image grows from (their results come in by COPY --from) are left untagged, and
+# `podman image prune` (the deployment tests' clean-up of replaced builds) removes untagged leaves: the next
+# build, from any clone, then redid torch's install and the training. Tagged, a stage's layers stay until a
+# changed source replaces them. Built first, each on its own: the final build then finds them cached.
+keep_stage() {  # keep_stage STAGE TAG [ARGS...]
+  local stage=$1 tag=$2
+  shift 2
+  say "building --target $stage as $tag (kept for the layer cache)"
+  podman build --quiet --network host --format docker --layers \
+    --build-arg CUDA_IMAGE="$DEBIAN_IMAGE" --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" \
+    --target "$stage" -t "$tag" "$@" . >/dev/null
+}
+
 case "${1:-}" in
   service)
+    keep_stage service-build "$TAG-stages:service-build"
     build service "$TAG:service"
     ;;
   runtime)
@@ -135,6 +166,9 @@ case "${1:-}" in
     python3 -m http.server --bind 127.0.0.1 --directory "$STATE/torch-index" "$port" >/dev/null 2>&1 &
     server=$!
     trap 'kill $server 2>/dev/null || true' EXIT  # it may have ended (the port was taken): not a failure
+    keep_stage service-build "$TAG-stages:service-build"
+    keep_stage export "$TAG-stages:export-$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
+      --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
     build runtime "$TAG:$profile" --build-context data="$DATA_DIR" --build-arg PROFILE="$profile" \
       --build-arg TORCH_INDEX_URL="http://127.0.0.1:$port/simple"
     ;;

@@ -45,6 +45,7 @@ from service.access.quotas import Quotas, windows_for
 from service.api.grpc.server import GrpcServer
 from service.api.http.admission import Shedding, admit_requests
 from service.api.http.auth import require_api_key
+from service.api.http.body_key import keys_from_bodies
 from service.api.http.deps import Services, provide_inference, provide_metrics, provide_services
 from service.api.http.errors import EXCEPTION_HANDLERS
 from service.api.http.fast_lane import FastLane
@@ -54,7 +55,7 @@ from service.api.http.request_id import ensure_request_id_header
 from service.api.http.scheduling import schedule_requests
 from service.api.openai.errors import is_openai_path
 from service.api.pages.docs_ui import assets_router, render_plugins
-from service.api.routes import CONTROLLERS, RAW_ERROR_SHAPES
+from service.api.routes import BODY_KEYED, CONTROLLERS, RAW_ERROR_SHAPES
 from service.cache import build_backend
 from service.cache.response_cache import ResponseCache
 from service.engine import runtime
@@ -235,7 +236,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         before_send=[ensure_request_id_header],
         middleware=[  # the key check only where keys are configured: a layer costs on every request
             observe_requests(metrics, settings.access_log),
-            *([require_api_key(keys, quotas)] if keys.enabled else []),
+            *(
+                [
+                    keys_from_bodies(BODY_KEYED, settings.max_body_bytes, settings.body_read_timeout_s),
+                    require_api_key(keys, quotas),
+                ]
+                if keys.enabled
+                else []
+            ),
             schedule_requests(),
             admit_requests(
                 lifecycle,

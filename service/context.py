@@ -1,10 +1,12 @@
-"""What the current request is, for logs and metrics, without passing it through every call.
+"""What the current request is, for log lines and metrics only, without passing it through every call.
 
-The HTTP layer opens a ``RequestContext`` per request (``bind``); the
-inference layer notes which model answers it (``note_model``), so request
-metrics and log lines carry the model even when the request fails. The
-context object is shared by reference, so a note made inside a task spawned
-for the request is seen by the middleware that opened it.
+The doors open a ``RequestContext`` per request (``bind``: the HTTP middleware ``observe.py``, the gRPC
+servicer); the model registry notes which model answers it (``note_model``), so request metrics and log
+lines carry the model even when the request fails. The context object is shared by reference, so a note
+made inside a task spawned for the request is seen by the middleware that opened it.
+
+Nothing reads it to decide anything: what a request may do and how it is queued travels in its
+``RequestMeta`` (``service/metadata.py``), passed in every signature (``tests/test_layering.py`` checks).
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ from __future__ import annotations
 import contextvars
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
 class RequestContext:
     request_id: str = ""
     model: str = ""
-    key: Any = None  # the caller's ``quotas.KeyEntry`` (API_KEYS_FILE), for its models and tokens
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
@@ -37,12 +37,6 @@ def unbind(token: contextvars.Token[RequestContext | None]) -> None:
 
 def current() -> RequestContext | None:
     return _current.get()
-
-
-def current_key() -> Any:
-    """The caller's key entry, when it was declared with limits (else None)."""
-    context = _current.get()
-    return context.key if context is not None else None
 
 
 def note_model(name: str) -> None:

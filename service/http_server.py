@@ -17,12 +17,22 @@ another replica), and the server makes one ``send`` per response where it made t
 
 No ``Server`` header: it tells an attacker which server (and so which advisories) to try, and tells a
 client nothing it needs.
+
+With TLS, two more bounds. A connection's handshake happens before uvicorn's protocol sees it, so the
+header deadline cannot bound it: ``TLS_HANDSHAKE_TIMEOUT_S`` is the listening socket's own
+``ssl_handshake_timeout`` (asyncio's and uvloop's ``create_server``; uvicorn passes none, so its loop's
+``create_server`` gets it here, ``ServerConfig.get_loop_factory``), past which the connection is dropped.
+And on a drain, an idle TLS keep-alive connection is aborted rather than closed: a TLS close sends
+close_notify and waits for the peer's, which an idle client never sends, so the shutdown would wait its
+whole SHUTDOWN_TIMEOUT_S for it (``HeaderDeadline.shutdown``); nothing is lost, since nothing is unsent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
+from collections.abc import Callable
 from typing import Any, cast
 
 import uvicorn
@@ -176,6 +186,20 @@ class HeaderDeadline:
         if not self.transport.is_closing():
             self._arm_header_deadline()
 
+    def shutdown(self) -> None:
+        """The server's drain: an idle TLS connection with nothing left to send is aborted at once (a TLS
+        close would wait for the idle peer's close_notify); anything else as uvicorn does."""
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.transport.get_extra_info("ssl_object") is not None:
+            flush = getattr(self.transport, "flush", None)
+            if flush is not None:
+                flush()  # what a response wrote this turn goes first
+            if self.transport.get_write_buffer_size() == 0:
+                self._disarm_header_deadline()
+                self.transport.abort()
+                return
+        super().shutdown()  # type: ignore[misc]
+
 
 class WholeResponses:
     """A mixin for uvicorn's HTTP protocols: the connection's writes go through ``CoalescedWrites``."""
@@ -213,9 +237,34 @@ def _protocol(http: str) -> type[asyncio.Protocol]:
 class ServerConfig(uvicorn.Config):
     """uvicorn's ``Config`` plus the header deadline (a module-level class: worker processes unpickle it)."""
 
-    def __init__(self, app: Any, header_read_timeout_s: float, **options: Any) -> None:
+    def __init__(
+        self, app: Any, header_read_timeout_s: float, tls_handshake_timeout_s: float = 10.0, **options: Any
+    ) -> None:
         super().__init__(app, **options)
         self.header_read_timeout_s = header_read_timeout_s
+        self.tls_handshake_timeout_s = tls_handshake_timeout_s
+
+    def get_loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop] | None:
+        """uvicorn's loop, whose ``create_server`` bounds a TLS handshake (TLS_HANDSHAKE_TIMEOUT_S)."""
+        factory = super().get_loop_factory()
+        if not self.is_ssl:
+            return factory
+        timeout_s = self.tls_handshake_timeout_s
+
+        def bounded_loop() -> asyncio.AbstractEventLoop:
+            loop = (factory or asyncio.new_event_loop)()
+            create_server = loop.create_server
+
+            @functools.wraps(create_server)
+            async def create_tls_server(*args: Any, **kwargs: Any) -> asyncio.AbstractServer:
+                if kwargs.get("ssl") is not None:
+                    kwargs.setdefault("ssl_handshake_timeout", timeout_s)
+                return await create_server(*args, **kwargs)
+
+            loop.create_server = create_tls_server  # type: ignore[method-assign,assignment]
+            return loop
+
+        return bounded_loop
 
 
 def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
@@ -232,6 +281,7 @@ def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Conf
     return ServerConfig(
         app,
         settings.header_read_timeout_s,
+        settings.tls_handshake_timeout_s,
         http=_protocol(options.pop("http", "auto")),
         server_header=False,
         **options,

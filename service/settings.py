@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="Mutual TLS: every client (probes included) must present a certificate signed by one "
         "of these CAs (PEM), on both doors; needs TLS_CERT_FILE",
     )
+    tls_handshake_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="With TLS: a connection's handshake must finish within this, else it is dropped (a client "
+        "that opens connections and never completes them holds none); HEADER_READ_TIMEOUT_S starts after it",
+    )
     workers: int = Field(default=1, ge=1, description="uvicorn worker processes; each loads its own models")
     frontends: int = Field(
         default=0,
@@ -252,6 +258,11 @@ class Settings(BaseSettings):
         le=1024,
         description="Tokens per prefix-cache block (a prefix is reused in whole blocks)",
     )
+    prefix_cache_shared_across_keys: bool = Field(
+        default=False,
+        description="With API keys: false gives each key its own prefix-cache blocks (a salt of the key in "
+        "the first block's hash: no key reuses, or can time, another's cached prompt); true shares them",
+    )
     speculative_ngram_tokens: int = Field(
         default=0,
         ge=0,
@@ -273,6 +284,12 @@ class Settings(BaseSettings):
         "model in place of its manifest's chat_template (as vLLM's --chat-template); unset: the manifest's, "
         "and a model without one answers chat with 400",
     )
+    chat_template_timeout_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="Longest render of a chat template (its output is at most MAX_TEXT_CHARS); past it: 400",
+    )
 
     # --- request limits ------------------------------------------------------------------
     max_text_chars: int = Field(default=4096, ge=1, description="Characters per text, prompt or question")
@@ -280,7 +297,9 @@ class Settings(BaseSettings):
         default=3000, ge=1, description="Characters per QA context (SQuAD's longest here: 2,166)"
     )
     max_items: int = Field(
-        default=32, ge=1, description="Inputs per request (texts, images, prompts, QA pairs)"
+        default=32,
+        ge=1,
+        description="Inputs per request (texts, images, prompts, QA pairs, rerank documents)",
     )
     max_new_tokens: int = Field(default=256, ge=1, description="Upper bound of max_new_tokens")
     max_total_new_tokens: int = Field(

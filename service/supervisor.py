@@ -33,7 +33,7 @@ import uvicorn
 
 from service.ipc.channel import ipc_folder
 from service.lifecycle import run_workers
-from service.process import die_with_parent
+from service.process import PARENT_PID, die_with_parent
 
 log = logging.getLogger("service.supervisor")
 
@@ -60,8 +60,10 @@ class EngineProcess:
         self._watcher.start()
 
     def _spawn(self) -> None:
+        """Started from the watcher's thread on a restart: no ``preexec_fn`` (not safe with threads); the
+        engine sets its own death signal first thing, checking that this process still lives."""
         command = [*ENGINE_COMMAND, str(self.folder)]
-        self.proc = subprocess.Popen(command, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(command, env={**os.environ, PARENT_PID: str(os.getpid())})
         log.info("engine process %d started", self.proc.pid)
 
     def _watch(self) -> None:

@@ -1,9 +1,9 @@
 """Shared fixtures: the tiny model repository (real ONNX files, built in seconds) and a real Redis server.
 
-The tiny models are built once per test session by the real CLI
-(`python -m model_export all --profile tiny`) into .cache/test-models/<key>,
-where the key hashes the export and task code: an unchanged tree reuses the
-last build, any change to how models are built gives a fresh one.
+The tiny models are built once by the real CLI (`python -m model_export all --profile tiny`) into
+<cache>/test-models/<key>, outside the clone (harness/cache.py: ~/.cache/transformer-serving by default),
+where the key hashes the export and task code: an unchanged tree reuses the last build, in this clone or
+a fresh one, and any change to how models are built gives a fresh one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cache import cache_root
 from harness.ports import free_port
+from tests.scheduling import DurationRecorder, make_scheduler, order_longest_first
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -51,14 +53,22 @@ def tiny_models(data_dir: Path) -> Path:
     """
     if os.environ.get("TEST_MODELS_DIR"):
         return Path(os.environ["TEST_MODELS_DIR"])
-    out = ROOT / ".cache" / "test-models" / _source_key()
+    out = cache_root() / "test-models" / _source_key()
     out.parent.mkdir(parents=True, exist_ok=True)
     # Several test sessions may start at once (developers, helpers): one builds, the others wait for it.
     with open(out.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "evaluation.json").is_file():
             _build_tiny_models(out, data_dir)
+            _keep_newest(out.parent, 8)
     return out
+
+
+def _keep_newest(folder: Path, count: int) -> None:
+    """Remove all but the ``count`` newest builds (13 MB each) from the shared cache folder."""
+    builds = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in builds[:-count]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _build_tiny_models(out: Path, data_dir: Path) -> None:
@@ -152,3 +162,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if names & MODEL_FIXTURES:
             item.add_marker(pytest.mark.models)
+    order_longest_first(items)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each scheduling unit's seconds to PATH at the end (tests/durations.json orders the units)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller (or a serial run) sees every report
+        config.pluginmanager.register(DurationRecorder(Path(path)), "duration-recorder")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return make_scheduler(config, log)

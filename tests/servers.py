@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,66 @@ class LiveServer:
         pipeline = self.pipeline(name)
         worker = getattr(pipeline, "engine", None) or pipeline.batcher  # generation, or a batched model
         return self.on_loop(worker.in_compute_thread(time.sleep, seconds))
+
+    @contextlib.contextmanager
+    def held(self, name: str) -> Iterator[Held]:
+        """Model ``name``'s compute thread held for the block (60 s at most), with each entry that reaches
+        its batcher's queue and each batch the batcher takes counted as they happen: a test waits on those
+        events instead of guessing how long a loaded machine takes to send a request."""
+        batcher = self.pipeline(name).batcher
+        held = Held()
+        queue, take = batcher._queue, batcher._take_batch
+        append = queue.append
+
+        def counted_append(entry: Any) -> None:
+            append(entry)
+            held.queued.release()
+
+        def counted_take() -> Any:
+            batch = take()
+            if batch:
+                held.taken.release()
+            return batch
+
+        queue.append, batcher._take_batch = counted_append, counted_take
+        release = threading.Event()
+        busy = self.on_loop(batcher.in_compute_thread(release.wait, 60))
+        try:
+            yield held
+        finally:
+            release.set()
+            busy.result(timeout=30)
+            queue.append, batcher._take_batch = append, take
+
+    @contextlib.contextmanager
+    def one_taken(self, name: str, headers: dict[str, str] | None = None) -> Iterator[None]:
+        """Within the block, model ``name``'s batcher holds one request it took, waiting for the held
+        compute thread: a request sent meanwhile waits in the queue. The thread is let go once the queue
+        is empty (30 s at most): what was sent in the block has expired or left by then, or is computed."""
+        with self.held(name) as held:
+            filler = threading.Thread(
+                target=lambda: httpx.post(
+                    f"{self.url}/v1/classify", json={"text": "taken"}, headers=headers or {}, timeout=60
+                )
+            )
+            filler.start()
+            assert held.taken.acquire(timeout=30), "the filler request was never taken into a batch"
+            yield
+            batcher = self.pipeline(name).batcher
+            deadline = (
+                time.monotonic() + 30
+            )  # what the block sent has expired or left before the thread is free
+            while batcher.waiting and time.monotonic() < deadline:
+                time.sleep(0.02)
+        filler.join(timeout=60)
+
+
+class Held:
+    """What ``LiveServer.held`` counts: entries queued and batches taken, one release each."""
+
+    def __init__(self) -> None:
+        self.queued = threading.Semaphore(0)
+        self.taken = threading.Semaphore(0)
 
 
 class ServiceProcess(service_process.ServiceProcess):

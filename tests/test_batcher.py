@@ -28,6 +28,7 @@ from service.engine.batcher import (
     split_by_length,
 )
 from service.engine.errors import DeadlineExceededError, InferenceError
+from service.metadata import ANONYMOUS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -478,8 +479,7 @@ def test_submit_before_start_is_refused() -> None:
 async def submit_as(
     batcher: DynamicBatcher[Item, Any], item: Item, priority: int, timeout_s: float | None = None
 ) -> Any:
-    with scheduling.scheduled(priority, timeout_s):
-        return await batcher.submit(item, item[1])
+    return await batcher.submit(item, item[1], None, ANONYMOUS.scheduled(priority, timeout_s))
 
 
 def test_the_most_urgent_waiting_item_goes_first_and_fifo_within_a_class() -> None:
@@ -565,12 +565,10 @@ def test_a_more_urgent_request_takes_a_place_a_less_urgent_one_reserved_before_q
 
     async def body(batcher: DynamicBatcher[Item, Any]) -> None:
         first = await busy(batcher, model)
-        with scheduling.scheduled(scheduling.LOW):
-            low = batcher.reserve(2)  # the whole queue, before its items are ready
-        with scheduling.scheduled(scheduling.HIGH):
-            high = batcher.reserve(1)  # full: it takes one of the low request's places
-        with pytest.raises(QueueFullError), scheduling.scheduled(scheduling.LOW):
-            batcher.reserve(1)  # an equally low request takes nothing
+        low = batcher.reserve(2, ANONYMOUS.scheduled(scheduling.LOW))  # the whole queue, before its items
+        high = batcher.reserve(1, ANONYMOUS.scheduled(scheduling.HIGH))  # full: it takes one of low's places
+        with pytest.raises(QueueFullError):
+            batcher.reserve(1, ANONYMOUS.scheduled(scheduling.LOW))  # an equally low request takes nothing
         with pytest.raises(QueueFullError, match="more urgent"):
             await batcher.submit(("low item", 1), 1, low)
         low.release()

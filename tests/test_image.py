@@ -15,6 +15,7 @@ come with the test path (scripts/setup.sh --test-tools, which `make test` runs),
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -58,6 +59,26 @@ def _build(*args: str) -> float:
     return podman.build(*args)
 
 
+# The digest of the installed service package's Python files (path and bytes), as run inside the image.
+SOURCE_DIGEST = """
+import hashlib, pathlib, service
+root = pathlib.Path(service.__file__).parent
+digest = hashlib.sha256()
+for path in sorted(root.rglob("*.py")):
+    digest.update(path.relative_to(root).as_posix().encode() + b"\\0" + path.read_bytes())
+print(digest.hexdigest())
+"""
+
+
+def _service_digest() -> str:
+    """SOURCE_DIGEST over this tree's service/."""
+    root = REPO / "service"
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 @pytest.fixture(scope="module")
 def runtime_image() -> Iterator[str]:
     """The images built (the bases and tagged images stay, the next run's cache; `make clean-podman`
@@ -79,8 +100,12 @@ def runtime_image() -> Iterator[str]:
 
     tiny_s = _build("runtime", "tiny")
     print(f"tiny runtime (models trained in the build) built in {tiny_s:.0f} s")
+    # The layers come from a cache outside the clone (harness/cache.py): the image must hold this tree's
+    # service, byte for byte, or a stale layer was reused.
+    inside = _podman("run", "--rm", "--network", "none", f"{TAG}:tiny", "python", "-c", SOURCE_DIGEST)
+    assert inside.stdout.strip() == _service_digest(), "the image's service package is not this tree's"
     yield f"{TAG}:tiny"
-    _podman("image", "prune", "--force", check=False, timeout=600)  # untagged layers of replaced builds
+    podman.build("dangling")  # untagged layers of replaced builds, between builds (the script's lock)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from service.engine.sampling import SamplingParams
 from service.errors import ModelTooLargeError, ModelUnavailableError, problem_of
 from service.inference.limits import RequestLimits
 from service.inference.service import InferenceService
+from service.metadata import ANONYMOUS
 from service.models.host import ModelHost
 from service.models.loading import Loader
 from service.settings import Settings
@@ -63,7 +64,7 @@ def test_a_streams_running_sequences_keep_its_model(tiny_models: Path) -> None:
             core.host.memory.touch("bert-classifier")
             core.host.memory.touch("bert-tagger")  # gpt is now the least recently used
             streams = await core.open_streams(
-                ["KING:"], SamplingParams(max_new_tokens=40, temperature=0.0), "gpt"
+                ANONYMOUS, ["KING:"], SamplingParams(max_new_tokens=40, temperature=0.0), "gpt"
             )
             await core.host._make_room("bert-classifier", 0)  # its lease is gone, its sequence is not
             assert "gpt" in core.registry.versions and "bert-tagger" not in core.registry.versions
@@ -99,7 +100,7 @@ def test_a_model_too_large_for_the_budget_alone_is_refused_and_nothing_is_unload
             await core.host.retired()
             assert set(core.registry.versions) == {"bert-classifier", "bert-tagger"}
             with pytest.raises(ModelTooLargeError, match="MODEL_MEMORY_BUDGET"):
-                await core.resident("gpt")
+                await core.resident(ANONYMOUS, "gpt")
             assert set(core.registry.versions) == {"bert-classifier", "bert-tagger"}  # nothing evicted
             assert problem_of(ModelTooLargeError("x")).status == 507
         finally:

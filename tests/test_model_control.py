@@ -662,10 +662,13 @@ def test_a_key_cannot_load_nor_evict_a_model_it_may_not_use(repo: Path, tmp_path
         f'[[keys]]\nid = "vit-only"\nsha256 = "{digest}"\nmodels = ["vit"]\n'
     )  # none of the three
     budget = two_of_three(repo, tmp_path)
-    key = {"Authorization": "Bearer key-gpt"}
-    with budget_process(repo, budget, tmp_path / "service.log", API_KEYS_FILE=str(keys)) as server:
-        before = states(server, key)
+    key, admin = {"Authorization": "Bearer key-gpt"}, {"Authorization": "Bearer admin-key"}
+    with budget_process(
+        repo, budget, tmp_path / "service.log", API_KEYS_FILE=str(keys), ADMIN_API_KEYS="admin-key"
+    ) as server:
+        before = states(server, admin)  # the admin key sees every model
         (away,) = {n for n, s in before.items() if s != "READY"}
+        assert states(server, key) == {}  # the vit-only key, none of these three
         path, fields = REQUESTS[away]
         refused = httpx.post(
             f"{server.url}{path}",
@@ -673,8 +676,9 @@ def test_a_key_cannot_load_nor_evict_a_model_it_may_not_use(repo: Path, tmp_path
             headers=key,
             timeout=120,
         )
-        assert refused.status_code == 403 and refused.json()["error"]["field"] == "model", refused.text
-        assert states(server, key) == before  # nothing loaded, nothing unloaded to make room for it
+        # not its to use: answered as an unknown model (404), and not loaded for it
+        assert refused.status_code == 404 and refused.json()["error"]["field"] == "model", refused.text
+        assert states(server, admin) == before  # nothing loaded, nothing unloaded to make room for it
         assert metric(server.url, "tserve_model_evictions_total") == 0
 
 

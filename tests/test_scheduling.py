@@ -5,7 +5,6 @@ waits in its queue, in a known order. Completion order is asserted, never a dura
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -65,37 +64,35 @@ def _in_order(server: LiveServer, requests: list[tuple[str, dict[str, Any], dict
         time.sleep(0.05)
         return out
 
+    queue = batcher._queue
+    append = queue.append
+    queued = threading.Semaphore(0)
+
+    def counted(entry: Any) -> None:  # each request's entry, as it enters the queue
+        append(entry)
+        queued.release()
+
     batcher._run_batch = spaced
+    queue.append = counted
     try:
-        busy = server.occupy("bert-classifier", 1.5)
+        # the compute thread is held until every request has queued (however slow a loaded machine is)
+        release = threading.Event()
+        busy = server.on_loop(batcher.in_compute_thread(release.wait, 60))
         threads = []
-        for label, body, headers in requests:
-            threads.append(threading.Thread(target=send, args=(label, body, headers)))
-            threads[-1].start()
-            time.sleep(0.1)  # each queued before the next is sent
+        try:
+            for label, body, headers in requests:
+                threads.append(threading.Thread(target=send, args=(label, body, headers)))
+                threads[-1].start()
+                assert queued.acquire(timeout=30), f"{label} never reached the queue"  # before the next
+        finally:
+            release.set()
         busy.result(timeout=30)
         for t in threads:
             t.join(timeout=60)
     finally:
         batcher._run_batch = run_batch
+        queue.append = append
     return done
-
-
-@contextlib.contextmanager
-def _one_taken(server: LiveServer) -> Iterator[None]:
-    """Within the block, the classifier's batcher holds one request it took, waiting for the busy
-    compute thread (``occupy``): a request sent meanwhile waits in the queue."""
-    busy = server.occupy("bert-classifier", 1.0)
-    filler = threading.Thread(
-        target=lambda: httpx.post(f"{server.url}/v1/classify", json={"text": "taken"}, timeout=60)
-    )
-    filler.start()
-    time.sleep(0.1)
-    try:
-        yield
-    finally:
-        busy.result(timeout=30)
-        filler.join(timeout=60)
 
 
 def test_an_urgent_request_overtakes_the_ones_queued_ahead_of_it(server: LiveServer) -> None:
@@ -110,7 +107,7 @@ def test_an_urgent_request_overtakes_the_ones_queued_ahead_of_it(server: LiveSer
 
 def test_a_request_past_its_deadline_while_queued_is_a_504_and_never_computed(server: LiveServer) -> None:
     before = _computed(server, "bert-classifier")
-    with _one_taken(server):  # the batcher waits for it; what comes next waits in the queue
+    with server.one_taken("bert-classifier"):  # the batcher waits for it; what comes next waits in the queue
         r = httpx.post(f"{server.url}/v1/classify", json={"text": "late", "timeout_ms": 200}, timeout=60)
     assert r.status_code == 504 and r.json()["error"]["type"] == "deadline_exceeded"
     time.sleep(0.2)
@@ -127,7 +124,7 @@ def test_a_grpc_call_with_a_client_timeout_is_removed_at_its_deadline(server: Li
     text = tgrpc.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"a call with a deadline"], dtype=object))
     before = _computed(server, "bert-classifier")
-    with _one_taken(server), pytest.raises(InferenceServerException) as caught:
+    with server.one_taken("bert-classifier"), pytest.raises(InferenceServerException) as caught:
         client.infer("bert-classifier", [text], client_timeout=0.2)
     assert "DEADLINE_EXCEEDED" in str(caught.value.status())
     time.sleep(0.5)
@@ -178,11 +175,17 @@ def test_a_generation_past_its_deadline_ends_with_finish_reason_deadline(server:
 def test_a_client_that_hangs_up_while_its_request_waits_takes_it_out_of_the_queue(server: LiveServer) -> None:
     before = _computed(server, "bert-classifier")
     dropped = metric(server.url, "tserve_requests_dropped_total", model="bert-classifier")
-    with _one_taken(server), pytest.raises(httpx.ReadTimeout):
+    with server.one_taken("bert-classifier"), pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/classify", json={"text": "gone"}, timeout=0.3)  # waits, then hangs up
     time.sleep(0.3)
     assert _computed(server, "bert-classifier") == before + 1  # the one taken; the other left the queue
     assert metric(server.url, "tserve_requests_dropped_total", model="bert-classifier") == dropped + 1
+
+
+def _classify(server: LiveServer, text: str, priority: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v1/classify", json={"text": text}, headers={"X-Request-Priority": priority}, timeout=30
+    )
 
 
 def test_while_the_event_loop_lags_low_priority_is_shed_at_the_edge_and_the_rest_is_served(
@@ -202,18 +205,8 @@ def test_while_the_event_loop_lags_low_priority_is_shed_at_the_edge_and_the_rest
     hogging = server.on_loop(hog())
     try:
         time.sleep(0.3)
-        low = httpx.post(
-            f"{server.url}/v1/classify",
-            json={"text": "later"},
-            headers={"X-Request-Priority": "low"},
-            timeout=30,
-        )
-        high = httpx.post(
-            f"{server.url}/v1/classify",
-            json={"text": "now"},
-            headers={"X-Request-Priority": "high"},
-            timeout=30,
-        )
+        low = _classify(server, "later", "low")
+        high = _classify(server, "now", "high")
         normal = httpx.post(f"{server.url}/v1/classify", json={"text": "as usual"}, timeout=30)
     finally:
         stop.set()
@@ -226,10 +219,13 @@ def test_while_the_event_loop_lags_low_priority_is_shed_at_the_edge_and_the_rest
     assert metric(server.url, "tserve_requests_shed_total") == shed_before + 1
     assert metric(server.url, "tserve_event_loop_lag_seconds_count") > 0
 
-    time.sleep(0.5)  # the loop on time again: the lag halves every tick
-    again = httpx.post(
-        f"{server.url}/v1/classify", json={"text": "later"}, headers={"X-Request-Priority": "low"}, timeout=30
-    )
+    # the loop on time again (the lag halves every tick; a machine busy with other work takes longer)
+    deadline = time.monotonic() + 30
+    while True:
+        time.sleep(0.5)
+        again = _classify(server, "later", "low")
+        if again.status_code == 200 or time.monotonic() > deadline:
+            break
     assert again.status_code == 200, again.text
 
 

@@ -26,8 +26,9 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from harness.ports import free_port
 from service.access.quotas import KeysFileError, LocalWindows, load_keys_file
 from service.context import current as current_request
-from service.engine.scheduling import HIGH, LOW, NORMAL, Ceiling, current, scheduled
+from service.engine.scheduling import HIGH, LOW, NORMAL, Ceiling
 from service.errors import KINDS, REFUNDED_STATUSES
+from service.metadata import ANONYMOUS
 from service.settings import Settings
 
 KEYS = {
@@ -110,15 +111,14 @@ def shedding_server(tiny_models: Path, redis_url: str, keys_file: Path) -> Itera
 
 def test_a_ceiling_lowers_a_more_urgent_class_in_every_block_nested_under_it() -> None:
     ceiling = Ceiling(NORMAL)
-    with scheduled(LOW, ceiling=ceiling):
-        assert current().priority == LOW and ceiling.lowered_from is None
-        with scheduled(HIGH):  # a door's header or body field, inside the key's block
-            assert current().priority == NORMAL
-            with scheduled(None, 1.0):  # a deadline later on keeps the class and the ceiling
-                assert current().priority == NORMAL and current().ceiling is ceiling
+    keyed = ANONYMOUS.scheduled(LOW, ceiling=ceiling)  # the key's default class and ceiling
+    assert keyed.scheduling.priority == LOW and ceiling.lowered_from is None
+    asked = keyed.scheduled(HIGH)  # a door's header or body field, refining the key's metadata
+    assert asked.scheduling.priority == NORMAL
+    later = asked.with_body(None, 1.0)  # a deadline later on keeps the class and the ceiling
+    assert later.scheduling.priority == NORMAL and later.scheduling.ceiling is ceiling
     assert ceiling.lowered_from == HIGH
-    with scheduled(HIGH):  # no key: the class asked for
-        assert current().priority == HIGH
+    assert ANONYMOUS.scheduled(HIGH).scheduling.priority == HIGH  # no key: the class asked for
 
 
 def test_a_keys_file_sets_each_keys_ceiling_and_refuses_a_default_above_it(tmp_path: Path) -> None:
@@ -199,7 +199,6 @@ def test_a_low_tenant_asking_high_waits_behind_a_normal_one_and_is_told(server: 
         headers = {**headers, "X-Request-ID": label}
         answers[label] = httpx.post(f"{server.url}/v1/classify", json=body, headers=headers, timeout=60)
 
-    busy = server.occupy("bert-classifier", 1.0)
     threads = [
         threading.Thread(target=send, args=("team", {"text": "first"}, _auth("team"))),
         threading.Thread(
@@ -211,10 +210,10 @@ def test_a_low_tenant_asking_high_waits_behind_a_normal_one_and_is_told(server: 
             ),
         ),
     ]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.15)  # queued one after the other while the model is busy
-    busy.result(timeout=30)
+    with server.held("bert-classifier") as held:
+        for thread in threads:  # queued one after the other while the model is busy
+            thread.start()
+            assert held.queued.acquire(timeout=30), "a request never reached the queue"
     for thread in threads:
         thread.join(timeout=60)
     done.close()
@@ -413,27 +412,18 @@ def test_grpc_calls_refused_without_work_are_refunded_too(server: LiveServer) ->
     client = tgrpc.InferenceServerClient(server.grpc_url)  # type: ignore[attr-defined]
     tensor = tgrpc.InferInput("text", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([b"late"], dtype=object))
-    busy = server.occupy("bert-classifier", 1.0)
-    filler = (
-        threading.Thread(  # the batcher takes this one for its next batch: the call below waits in the queue
-            target=lambda: httpx.post(
-                f"{server.url}/v1/classify", json={"text": "taken"}, headers=_auth("team"), timeout=60
-            )
-        )
-    )
-    filler.start()
-    time.sleep(0.1)
     try:
-        with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED|Deadline"):
+        with (
+            server.one_taken("bert-classifier", _auth("team")),
+            pytest.raises(Exception, match=r"DEADLINE_EXCEEDED|Deadline"),
+        ):
             client.infer(
                 "bert-classifier",
                 [tensor],
                 headers={"authorization": f"Bearer {KEYS['team']}"},
-                timeout=100_000,  # µs: 0.1 s, while the model is busy for 1 s
+                timeout=100_000,  # µs: 0.1 s, while the batcher holds another request for the busy model
             )
     finally:
-        busy.result(timeout=30)
-        filler.join(timeout=60)
         client.close()
     deadline = time.monotonic() + 5
     while (

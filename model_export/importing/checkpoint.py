@@ -43,6 +43,10 @@ HEADS: dict[str, tuple[str, ...] | None] = {
 }
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as image processors store them
+# The sentence-transformers modules served (modules.json's ``type``), by exact class path: a suffix
+# match would let ``evil.models.Transformer`` through, and sentence-transformers imports what it names.
+POOLING, NORMALIZE = "sentence_transformers.models.Pooling", "sentence_transformers.models.Normalize"
+SENTENCE_MODULES = ("sentence_transformers.models.Transformer", POOLING, NORMALIZE)
 
 
 class ImportRefused(ValueError):
@@ -109,14 +113,42 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _json(folder: Path, name: str) -> dict[str, Any]:
+def _read_json(folder: Path, name: str) -> Any:
+    """The JSON value of ``folder/name`` (None when there is no such file); a file that is not JSON, or is
+    nested too deeply to parse, is refused naming it."""
     path = folder / name
     if not path.is_file():
-        return {}
+        return None
     try:
-        return dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
-        raise ImportRefused(f"{name} is not a JSON object: {exc}") from exc
+        return json.loads(path.read_text())
+    except RecursionError as exc:
+        raise ImportRefused(f"{name} is nested too deeply to read") from exc
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and json's errors are ValueErrors
+        raise ImportRefused(f"{name} is not valid JSON: {exc}") from exc
+
+
+def _json(folder: Path, name: str) -> dict[str, Any]:
+    value = _read_json(folder, name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ImportRefused(f"{name} is not a JSON object (it is a {type(value).__name__})")
+    return value
+
+
+def whole(config: dict[str, Any], key: str, file: str = "config.json", minimum: int = 1) -> int:
+    """``config[key]`` as an integer of at least ``minimum``: missing, of another type, or smaller is
+    refused naming the file and the field."""
+    if key not in config:
+        raise ImportRefused(f"{file} has no {key}: the served graphs need it")
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ImportRefused(f"{file} {key} is {value!r}: expected an integer of at least {minimum}")
+    return value
+
+
+def _whole_or(config: dict[str, Any], key: str, default: int, minimum: int = 0) -> int:
+    return whole(config, key, minimum=minimum) if config.get(key) is not None else default
 
 
 def _labels(config: dict[str, Any], task: str) -> list[str] | None:
@@ -125,6 +157,14 @@ def _labels(config: dict[str, Any], task: str) -> list[str] | None:
     id2label = config.get("id2label")
     if not id2label:
         raise ImportRefused(f"config.json has no id2label: {task} needs the names of its classes")
+    if not isinstance(id2label, dict):
+        raise ImportRefused(f"config.json id2label is a {type(id2label).__name__}: expected an object")
+    keys = [k for k in id2label if not (isinstance(k, str) and k.strip().lstrip("-").isdigit())]
+    if keys:
+        raise ImportRefused(f"config.json id2label key {keys[0]!r} is not a class number")
+    names = [v for v in id2label.values() if not isinstance(v, str)]
+    if names:
+        raise ImportRefused(f"config.json id2label value {names[0]!r} is not a label name")
     ids = sorted(int(k) for k in id2label)
     if ids != list(range(len(ids))):
         raise ImportRefused(f"config.json id2label keys {ids} are not 0..{len(ids) - 1}")
@@ -133,24 +173,22 @@ def _labels(config: dict[str, Any], task: str) -> list[str] | None:
 
 def _dims(family: str, config: dict[str, Any]) -> tuple[int, int, int, int]:
     """(vocab, hidden, layers, heads) under each family's own config names."""
-    if family == "distilbert":
-        return config["vocab_size"], config["dim"], config["n_layers"], config["n_heads"]
-    if family == "gpt2":
-        return config["vocab_size"], config["n_embd"], config["n_layer"], config["n_head"]
-    if family == "marian":
-        if config.get("encoder_attention_heads") != config.get("decoder_attention_heads"):
-            raise ImportRefused(
-                "config.json: encoder_attention_heads and decoder_attention_heads differ; the served "
-                "cross-attention layout takes one head count"
-            )
-        return (
-            config["vocab_size"],
-            config["d_model"],
-            config["decoder_layers"],
-            config["decoder_attention_heads"],
+    names = {
+        "distilbert": ("vocab_size", "dim", "n_layers", "n_heads"),
+        "gpt2": ("vocab_size", "n_embd", "n_layer", "n_head"),
+        "marian": ("vocab_size", "d_model", "decoder_layers", "decoder_attention_heads"),
+    }.get(family, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"))
+    if family == "marian" and config.get("encoder_attention_heads") != config.get("decoder_attention_heads"):
+        raise ImportRefused(
+            "config.json: encoder_attention_heads and decoder_attention_heads differ; the served "
+            "cross-attention layout takes one head count"
         )
-    vocab = config.get("vocab_size", 0)  # ViT has none
-    return vocab, config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]
+    vocab_name, *others = names
+    vocab = _whole_or(config, vocab_name, 0) if family == "vit" else whole(config, vocab_name)  # ViT has none
+    hidden, layers, heads = (whole(config, name) for name in others)
+    if hidden % heads:
+        raise ImportRefused(f"config.json {others[0]} {hidden} is not a multiple of {others[2]} {heads}")
+    return vocab, hidden, layers, heads
 
 
 def _refuse_ignored_fields(family: str, task: str, config: dict[str, Any]) -> None:
@@ -193,12 +231,17 @@ def _refuse_image_processor(processor: dict[str, Any]) -> None:
     ):
         raise ImportRefused("preprocessor_config.json asks for a center crop: the service resizes only")
     size = processor.get("size", {})
-    if not processor.get("do_resize", True) or "height" not in size or "width" not in size:
+    if (
+        not processor.get("do_resize", True)
+        or not isinstance(size, dict)
+        or not all(isinstance(size.get(side), int) and size[side] > 0 for side in ("height", "width"))
+    ):
         raise ImportRefused(
             "preprocessor_config.json size must be {height, width} with do_resize: the service resizes every "
             f"image to the model's size (got size {size})"
         )
-    if processor.get("resample", 2) not in RESAMPLE:
+    resample = processor.get("resample", 2)
+    if isinstance(resample, bool) or not isinstance(resample, int) or resample not in RESAMPLE:
         raise ImportRefused(
             f"preprocessor_config.json resample {processor.get('resample')}: served are "
             f"{', '.join(f'{k} ({v})' for k, v in RESAMPLE.items())}"
@@ -207,28 +250,37 @@ def _refuse_image_processor(processor: dict[str, Any]) -> None:
 
 def _sentence_transformers(folder: Path) -> dict[str, Any]:
     """A sentence-transformers folder's pooling and normalisation; {} for a plain checkpoint."""
-    modules = folder / "modules.json"
-    if not modules.is_file():
+    entries = _read_json(folder, "modules.json")
+    if entries is None:
         return {}
-    kinds = [m.get("type", "") for m in json.loads(modules.read_text())]
-    pooling_entry = next(
-        (m for m in json.loads(modules.read_text()) if m.get("type", "").endswith("Pooling")), None
-    )
-    pooling = _json(folder, f"{pooling_entry['path']}/config.json") if pooling_entry else {}
+    if not isinstance(entries, list):
+        raise ImportRefused(f"modules.json is a JSON {type(entries).__name__}: expected a list of modules")
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ImportRefused(f"modules.json [{n}] has no type: each module is an object with a class path")
+        if entry["type"] not in SENTENCE_MODULES:  # by exact name: nothing of another package's is imported
+            raise ImportRefused(
+                f"modules.json [{n}] type {entry['type']!r} is not one of sentence-transformers' own "
+                f"{', '.join(SENTENCE_MODULES)}"
+            )
+        path = entry.get("path", "")
+        if not isinstance(path, str) or Path(path).is_absolute() or ".." in Path(path).parts:
+            raise ImportRefused(f"modules.json [{n}] path {path!r} is not a folder inside the checkpoint")
+    kinds = [entry["type"] for entry in entries]
+    pooling_entry = next((m for m in entries if m["type"] == POOLING), None)
+    if pooling_entry is not None and not pooling_entry.get("path"):
+        raise ImportRefused("modules.json: the Pooling module has no path (its folder's config.json)")
+    where = f"{pooling_entry['path']}/config.json" if pooling_entry else ""
+    pooling = _json(folder, where) if pooling_entry else {}
     modes = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v]
     if pooling and modes != ["pooling_mode_mean_tokens"]:
         raise ImportRefused(
-            f"{pooling_entry and pooling_entry['path']}/config.json pools by {modes}: the served graph "
-            "pools by the mean over real tokens (pooling_mode_mean_tokens) alone"
+            f"{where} pools by {modes}: the served graph pools by the mean over real tokens "
+            "(pooling_mode_mean_tokens) alone"
         )
-    unknown = [
-        k for k in kinds if not k.endswith(("models.Transformer", "models.Pooling", "models.Normalize"))
-    ]
-    if unknown:
-        raise ImportRefused(f"modules.json has {unknown}: served are Transformer, mean Pooling and Normalize")
     return {
         "modules": kinds,
-        "normalize": any(k.endswith("Normalize") for k in kinds),
+        "normalize": NORMALIZE in kinds,
         **_json(folder, "sentence_bert_config.json"),
     }
 
@@ -245,7 +297,7 @@ def inspect(folder: Path, task: str) -> Checkpoint:
     if not any((folder / name).is_file() for name in WEIGHTS):
         raise ImportRefused(f"{folder} has no safetensors weights ({' or '.join(WEIGHTS)})")
     family = config.get("model_type")
-    if family not in FAMILIES:
+    if not isinstance(family, str) or family not in FAMILIES:
         raise ImportRefused(
             f"config.json model_type {family!r} is not a family the import serves exactly "
             f"({', '.join(FAMILIES)})"
@@ -253,12 +305,15 @@ def inspect(folder: Path, task: str) -> Checkpoint:
     if task not in FAMILIES[family]:
         raise ImportRefused(f"a {family} checkpoint serves {', '.join(FAMILIES[family])}, not {task}")
     architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ImportRefused(f"config.json architectures is {architectures!r}: expected a list of class names")
     architecture = architectures[0] if architectures else ""
     heads = HEADS[task]
     if heads is not None and not architecture.endswith(heads):
         raise ImportRefused(
             f"config.json architectures {architectures} has no {task} head (a class ending in {' or '.join(heads)})"
         )
+    labels = _labels(config, task)
     _refuse_ignored_fields(family, task, config)
     vocab, hidden, layers, heads_count = _dims(family, config)
     checkpoint = Checkpoint(
@@ -267,16 +322,19 @@ def inspect(folder: Path, task: str) -> Checkpoint:
         family=family,
         config=config,
         architecture=architecture or family,
-        labels=_labels(config, task),
-        vocab_size=int(vocab),
-        hidden_size=int(hidden),
-        num_layers=int(layers),
-        num_heads=int(heads_count),
-        segments=family == "bert" and int(config.get("type_vocab_size", 2)) > 0,
+        labels=labels,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads_count,
+        segments=family == "bert" and _whole_or(config, "type_vocab_size", 2) > 0,
         tokenizer_config=_json(folder, "tokenizer_config.json"),
         generation=_json(folder, "generation_config.json"),
     )
     if task == "image-classification":
+        for key in ("image_size", "patch_size"):
+            whole(config, key)
+        _whole_or(config, "num_channels", 3, minimum=1)
         checkpoint.image_processor = _json(folder, "preprocessor_config.json")
         _refuse_image_processor(checkpoint.image_processor)
         size = checkpoint.image_processor["size"]

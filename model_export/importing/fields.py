@@ -14,7 +14,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from ..recipes.signatures import kv_cache_layout
-from .checkpoint import RESAMPLE, Checkpoint, ImportRefused
+from .checkpoint import RESAMPLE, Checkpoint, ImportRefused, whole
 from .tokenizer import chat_template, token_id
 
 QA_MAX_QUESTION = 64  # transformers' question-answering pipeline defaults
@@ -26,7 +26,8 @@ UNBOUNDED = 10**6  # a tokenizer_config model_max_length this large means "not s
 
 def _position_table(checkpoint: Checkpoint) -> int:
     config = checkpoint.config
-    return int(config.get("max_position_embeddings") or config.get("n_positions") or 0)
+    key = "max_position_embeddings" if config.get("max_position_embeddings") else "n_positions"
+    return whole(config, key) if config.get(key) else 0
 
 
 def _window(checkpoint: Checkpoint) -> int:
@@ -70,12 +71,19 @@ def _generation_id(checkpoint: Checkpoint, key: str) -> int | None:
         if len(value) != 1:
             raise ImportRefused(f"{key} {value}: the service stops generation at one eos token")
         value = value[0]
-    return int(value) if value is not None else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ImportRefused(f"generation_config.json / config.json {key} is {value!r}: expected a token id")
+    return value
 
 
 def _suppressed(checkpoint: Checkpoint) -> list[int]:
     """Marian's ``bad_words_ids`` (its <pad>): single tokens the decoder never emits."""
     bad = checkpoint.generation.get("bad_words_ids", checkpoint.config.get("bad_words_ids")) or []
+    if not isinstance(bad, list) or not all(
+        isinstance(words, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in words)
+        for words in bad
+    ):
+        raise ImportRefused(f"bad_words_ids {bad!r}: expected a list of lists of token ids")
     if any(len(words) != 1 for words in bad):
         raise ImportRefused(f"bad_words_ids {bad}: only single-token entries are served (suppressed tokens)")
     if bad and checkpoint.task != "translation":
@@ -127,8 +135,17 @@ def _preprocessing(checkpoint: Checkpoint) -> dict[str, Any]:
         if processor.get("do_normalize", True)
         else [1.0] * channels
     )
+    numbers = (int, float)
+    for key, values in (("image_mean", mean), ("image_std", std)):
+        if not isinstance(values, list) or not all(
+            isinstance(v, numbers) and not isinstance(v, bool) for v in values
+        ):
+            raise ImportRefused(f"preprocessor_config.json {key} is {values!r}: expected a list of numbers")
     if len(mean) != channels or len(std) != channels:
         raise ImportRefused(f"preprocessor_config.json image_mean/image_std have not {channels} values")
+    factor = processor.get("rescale_factor", 1 / 255)
+    if isinstance(factor, bool) or not isinstance(factor, numbers):
+        raise ImportRefused(f"preprocessor_config.json rescale_factor is {factor!r}: expected a number")
     size = processor["size"]
     return {
         "color_mode": "RGB" if channels == 3 else "L",

@@ -57,6 +57,20 @@ def import_checkpoint(
     started = time.perf_counter()
     checkpoint = inspect(folder, task)
     examples = agreement.read_examples(data, task) if data is not None else None
+    # The tokenizer and the manifest's fields before the weights and any folder: a malformed file is
+    # refused at once.
+    texts = [*SAMPLE_TEXTS, *agreement.source_texts(examples)]
+    try:
+        tokenizer, tokenizer_record = served_tokenizer(checkpoint, texts)
+        fields = manifest_fields(checkpoint, tokenizer)
+    except ImportRefused:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # A field of the checkpoint's files that no check above names: still a refusal, never a traceback.
+        raise ImportRefused(
+            f"a field of the checkpoint's tokenizer or config files is malformed "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     stage: Path | None = None
     if publish:
         try:
@@ -67,9 +81,6 @@ def import_checkpoint(
     repository = stage or out
     repository.mkdir(parents=True, exist_ok=True)
     model = load_model(checkpoint)
-    texts = [*SAMPLE_TEXTS, *agreement.source_texts(examples)]
-    tokenizer, tokenizer_record = served_tokenizer(checkpoint, texts)
-    fields = manifest_fields(checkpoint, tokenizer)
 
     # Built and checked in a hidden folder of the repository (the service passes over it, and the checks
     # load it under its own name), renamed into place only when whole and checked.

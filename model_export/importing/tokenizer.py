@@ -155,6 +155,16 @@ def _auto_converted(checkpoint: Checkpoint, texts: Sequence[str]) -> tuple[Token
     return tokenizer, {"converted_from": type(fast).__name__, "checked_texts": len(texts), "equal": True}
 
 
+def read_tokenizer_json(path: Path) -> Tokenizer:
+    """The checkpoint's ``tokenizer.json`` as ``tokenizers`` reads it; a file it cannot read is refused,
+    with the reader's reason (which names the field it stopped at)."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ImportRefused(f"{path.name} is not a tokenizer tokenizers can read: {reason}") from exc
+
+
 def served_tokenizer(
     checkpoint: Checkpoint, texts: Sequence[str] = SAMPLE_TEXTS
 ) -> tuple[Tokenizer | None, dict[str, Any]]:
@@ -163,7 +173,7 @@ def served_tokenizer(
         return None, {}
     path = checkpoint.folder / "tokenizer.json"
     if path.is_file():
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = read_tokenizer_json(path)
         record: dict[str, Any] = {"file": "tokenizer.json (the checkpoint's own)"}
         # The service pads a batch itself and cuts each text to the manifest's window, keeping the last
         # special token: the file's own fixed padding and truncation (sentence-transformers' 128) go.

@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.cache import cache_root
 from service.engine.manifest import content_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,7 +331,7 @@ def main() -> int:
     tiny = (
         args.tiny
         or max(
-            (ROOT / ".cache" / "test-models").glob("*/evaluation.json"), key=lambda p: p.stat().st_mtime
+            (cache_root() / "test-models").glob("*/evaluation.json"), key=lambda p: p.stat().st_mtime
         ).parent
     )
     wheels = download_wheels(

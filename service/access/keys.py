@@ -18,14 +18,13 @@ import dataclasses
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from service.access.quotas import KeyEntry, Quotas, Verdict, identify, load_keys_file
-from service.context import current as current_context
 from service.errors import ForbiddenError, Problem
-from service.inference.scheduling import CLASSES, NAMES, Ceiling, scheduled
+from service.inference.scheduling import CLASSES, NAMES, Ceiling
+from service.metadata import RequestMeta
 from service.settings import Settings
 
 # Who may call what once API_KEYS is set: one table for both doors, HTTP paths by prefix and gRPC
@@ -40,6 +39,9 @@ HTTP_ACCESS: tuple[tuple[str, Access], ...] = (
     ("/health/", "health"),
     ("/v2/health/", "health"),
     ("/metrics", "metrics"),
+    # LibreTranslate's listings, open there too (its key check guards /translate and /detect only)
+    ("/languages", "open"),
+    ("/frontend/settings", "open"),
 )
 GRPC_ACCESS: dict[str, Access] = {"ServerLive": "health", "ServerReady": "health"}
 
@@ -52,10 +54,12 @@ class ApiKeys:
         protect_metrics: bool,
         scope_cache: bool = False,
         entries: Sequence[KeyEntry] = (),
+        share_prefix_cache: bool = False,
     ) -> None:
         self._keys = [k.encode() for k in keys if k]
         self.entries = list(entries)  # API_KEYS_FILE: keys by hash, with their limits
         self._scope_cache = scope_cache
+        self._share_prefix_cache = share_prefix_cache
         self._open: set[str] = {"open"}
         if not protect_health:
             self._open.add("health")
@@ -64,11 +68,19 @@ class ApiKeys:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiKeys:
-        """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS and CACHE_SCOPE."""
+        """The keys and the rules of the table from API_KEYS, AUTH_HEALTH, AUTH_METRICS, CACHE_SCOPE and
+        PREFIX_CACHE_SHARED_ACROSS_KEYS."""
         entries = load_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else []
         enabled = settings.api_keys or entries
         keys = [*settings.api_keys, *(settings.admin_api_keys if enabled else [])]
-        return cls(keys, settings.auth_health, settings.auth_metrics, settings.cache_scope == "key", entries)
+        return cls(
+            keys,
+            settings.auth_health,
+            settings.auth_metrics,
+            settings.cache_scope == "key",
+            entries,
+            settings.prefix_cache_shared_across_keys,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -95,6 +107,15 @@ class ApiKeys:
         if not (self._scope_cache and self.enabled and presented):
             return ""
         return hashlib.sha256(b"tserve-cache-scope:" + presented).hexdigest()[:32]
+
+    def prefix_salt(self, presented: bytes) -> str:
+        """The prefix-cache tenant of a request that presented ``presented``: a digest of the key, which
+        enters the first block's hash (vLLM's ``cache_salt``), so that no key reuses, or can time, the
+        cached prompt of another; "" (one cache for everyone) without keys or with
+        PREFIX_CACHE_SHARED_ACROSS_KEYS."""
+        if self._share_prefix_cache or not (self.enabled and presented):
+            return ""
+        return hashlib.sha256(b"tserve-prefix-salt:" + presented).hexdigest()[:32]
 
     def accepts(self, presented: bytes) -> bool:
         return self._plain(presented) or self.identify(presented) is not None
@@ -164,10 +185,11 @@ class Admission:
     ceiling: Ceiling
     verdict: Verdict | None = None
 
-    def scheduled(self) -> AbstractContextManager[Any]:
-        """The block the request runs in: its key's default class, never more urgent than its ceiling."""
+    def scheduled(self, meta: RequestMeta) -> RequestMeta:
+        """The request's metadata at its key's default class, never more urgent than its ceiling (which then
+        applies to whatever the request's headers and body ask for)."""
         default = CLASSES[self.entry.priority] if self.entry.priority else None
-        return scheduled(default, ceiling=self.ceiling)
+        return meta.scheduled(default, ceiling=self.ceiling)
 
     def answer_headers(self) -> tuple[tuple[str, str], ...]:
         """The headers its answer carries: ``RateLimit-*``, and ``X-Request-Priority-Served`` when the request
@@ -187,12 +209,10 @@ PRIORITY_SERVED = "X-Request-Priority-Served"
 
 
 async def admit_key(entry: KeyEntry, quotas: Quotas | None) -> tuple[Problem | None, Admission]:
-    """Note the caller's key for the core (its models, its tokens) and count the request against its
-    quota: the refusal to send (429, or 503 when the store failed and QUOTA_FAIL_OPEN is false), if any,
-    and the request's ``Admission``. The same for both doors."""
-    context = current_context()
-    if context is not None:
-        context.key = entry
+    """Count the request against its key's quota: the refusal to send (429, or 503 when the store failed
+    and QUOTA_FAIL_OPEN is false), if any, and the request's ``Admission``. The same for both doors,
+    which carry the key in the request's metadata (``service/metadata.py``: for the core, its models and
+    its tokens)."""
     admitted = Admission(entry, (), Ceiling(CLASSES[entry.ceiling]))
     if quotas is None:
         return None, admitted

@@ -325,14 +325,15 @@ class Quotas:
         """The tokens a request of ``entry``'s key read and generated, once it ended."""
         if tokens <= 0:
             return
+        if entry.tokens_per_minute is not None:
+            try:
+                await self.windows.hit(f"{entry.id}:tokens", entry.tokens_per_minute, tokens, force=True)
+            except Exception as exc:
+                self._failed(exc)
+        # Counted once the window holds them: a reader of the metric may rely on the next request seeing
+        # the charge (counted before, a request could slip in between under load).
         if self.observer is not None:
             self.observer.tokens_charged(entry.id, tokens)
-        if entry.tokens_per_minute is None:
-            return
-        try:
-            await self.windows.hit(f"{entry.id}:tokens", entry.tokens_per_minute, tokens, force=True)
-        except Exception as exc:
-            self._failed(exc)
 
     def _refuse(self, entry: KeyEntry, limit: str, value: int, count: Count) -> Verdict:
         if self.observer is not None:

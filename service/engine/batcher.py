@@ -23,6 +23,7 @@ from typing import Generic, Protocol, TypeVar
 
 from opentelemetry.context import Context
 
+from service.metadata import ANONYMOUS, RequestMeta
 from service.observe import spans
 
 from . import scheduling
@@ -153,6 +154,7 @@ class _Entry(Generic[In, Out]):
     future: asyncio.Future[Out]
     enqueued_at: float
     priority: int = scheduling.NORMAL
+    most_urgent: int = scheduling.HIGH  # the class aging may lift it to: its key's ceiling
     expires_at: float = float("inf")  # the client's deadline, or the queue's own timeout
     client_deadline: bool = False  # expires_at is the client's: 504, not 503
     taken: bool = False
@@ -193,7 +195,7 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         self.policy = policy
         self._run_batch = run_batch
         self._queue: scheduling.PriorityQueue[_Entry[In, Out]] = scheduling.PriorityQueue(
-            lambda e: (e.priority, e.enqueued_at)
+            lambda e: (e.priority, e.enqueued_at), ceiling=lambda e: e.most_urgent
         )
 
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) ------------------
@@ -206,14 +208,16 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
     def waiting_by_class(self) -> dict[int, int]:
         return self._queue.depth_by_class()
 
-    async def submit(self, item: In, cost: int, permit: Permit | None = None) -> Out:
+    async def submit(
+        self, item: In, cost: int, permit: Permit | None = None, meta: RequestMeta = ANONYMOUS
+    ) -> Out:
         """Queue ``item`` (``cost`` = its token length) and wait for its result.
 
         Never blocks on a full queue: raises ``QueueFullError`` at once, unless a ``permit`` holds the
         item's place. If the caller is cancelled while the entry still waits, the entry is removed and
         never reaches the model.
         """
-        (result,) = await self.submit_all([item], [cost], permit)
+        (result,) = await self.submit_all([item], [cost], permit, meta)
         return result
 
     async def submit_all(
@@ -221,19 +225,16 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         items: Sequence[In],
         costs: Sequence[int],
         permit: Permit | None = None,
-        request: scheduling.Scheduling | None = None,
-        trace: Context | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[Out]:
         """Queue every item of one request and wait for all their results, in order: one future per item,
         and no task (a task per item cost the event loop more than the queueing itself).
 
         Each item needs its place: its ``permit``'s, else one taken now (``QueueFullError`` at once for the
         first that does not fit). If an item fails, or the caller is cancelled, the items still queued are
-        withdrawn and never reach the model. ``request``: its priority and deadline, and ``trace``: the span
-        its items' queue waits are children of; given by a caller in another process, else the calling
-        request's own (``scheduling.current()``, ``spans.current_context()``)."""
-        request = scheduling.current() if request is None else request
-        trace = spans.current_context() if trace is None else trace
+        withdrawn and never reach the model. ``meta``: the request's priority and deadline, and the span its
+        items' queue waits are children of (its ``trace``)."""
+        request, trace = meta.scheduling, meta.trace
         entries: list[_Entry[In, Out]] = []
         try:
             for item, cost in zip(items, costs, strict=True):
@@ -268,7 +269,14 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         now = time.monotonic()
         expires_at, client_deadline = request.wait_limit(self.policy.queue_timeout_s, now)
         entry: _Entry[In, Out] = _Entry(
-            item, cost, loop.create_future(), now, request.priority, expires_at, client_deadline
+            item,
+            cost,
+            loop.create_future(),
+            now,
+            request.priority,
+            request.most_urgent,
+            expires_at,
+            client_deadline,
         )
         entry.trace = trace
         entry.timer = loop.call_at(loop.time() + max(0.0, expires_at - now), self._expire, entry)

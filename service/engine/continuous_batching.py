@@ -28,12 +28,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
 from opentelemetry.context import Context
 
+from service.metadata import ANONYMOUS, RequestMeta
 from service.observe import spans
 
 from . import scheduling
@@ -60,7 +64,7 @@ from .prefix_cache import PrefixCache
 from .repository import LoadedModel
 from .running_batch import RunningBatch, SequenceState
 from .speculation import Speculation
-from .structured_output import GrammarCompiler
+from .structured_output import Grammar, GrammarCompiler
 from .worker import ModelWorker, Permit, with_defaults
 
 log = logging.getLogger(__name__)
@@ -105,9 +109,11 @@ class GenerationEngine(ModelWorker):
         )
         self._speculated = (0, 0)  # tokens proposed and accepted, already reported
         self._waiting: scheduling.PriorityQueue[SequenceState] = scheduling.PriorityQueue(
-            lambda s: (s.priority, s.submitted_at)
+            lambda s: (s.priority, s.submitted_at), ceiling=lambda s: s.most_urgent
         )
         self._prefilling: list[SequenceState] = []
+        self._preparing: list[SequenceState] = []  # structured: its grammar compiling; it waits once done
+        self._shares: weakref.WeakValueDictionary[str, scheduling.Share] = weakref.WeakValueDictionary()
         self._prefix_counted = (0, 0)  # prompt tokens queried and found, already reported
         self.cancelled_sequences = 0
         self._span_attributes = model.span_attributes
@@ -121,29 +127,28 @@ class GenerationEngine(ModelWorker):
 
     # --- public API (start, admit, retry_after_s, stop: ModelWorker) -----------------------
 
-    def submit(self, request: GenerationRequest, permit: Permit | None = None) -> GenerationStream:
+    def submit(
+        self, request: GenerationRequest, permit: Permit | None = None, meta: RequestMeta = ANONYMOUS
+    ) -> GenerationStream:
         """Queue one request and return its stream at once (``submit_all`` of one)."""
-        (stream,) = self.submit_all([request], permit)
+        (stream,) = self.submit_all([request], permit, meta)
         return stream
 
     def submit_all(
         self,
         requests: Sequence[GenerationRequest],
         permit: Permit | None = None,
-        asked: scheduling.Scheduling | None = None,
-        trace: Context | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[GenerationStream]:
         """Queue every request or none, and return their streams at once; never waits for room.
 
         Each prompt is checked here, once, before any is queued (``check_prompt``). Raises
         BatcherClosedError when not running, PromptError naming the first prompt that cannot fit (its
         ``index``), and QueueFullError when the queue has no room for all (unless ``permit`` holds
-        their places, taken before their prompts were tokenised). ``asked`` (priority and deadline) and
-        ``trace`` (the span the sequences' spans are children of): given by a caller in another process,
-        else the calling request's own.
+        their places, taken before their prompts were tokenised). ``meta``: the request's priority and
+        deadline (its ``scheduling``), and the span the sequences' spans are children of (its ``trace``).
         """
-        asked = scheduling.current() if asked is None else asked
-        trace = spans.current_context() if trace is None else trace
+        asked, trace = meta.scheduling, meta.trace
         self.check_open()
         for index, request in enumerate(requests):
             try:
@@ -155,19 +160,29 @@ class GenerationEngine(ModelWorker):
             self.admit(len(requests), asked.priority)
         else:
             permit.check()  # before any is queued: a request's sequences are queued all or none
-        return [self._queue(request, permit, asked, trace) for request in requests]
+        share = self._share_of(requests[0].request_id if requests else "")
+        return [self._queue(request, permit, asked, trace, share) for request in requests]
+
+    def _share_of(self, request_id: str) -> scheduling.Share:
+        """The share of the request ``request_id`` (one request's choices are queued by several calls):
+        held by its sequences, so forgotten with the last of them; a request without an id has its own."""
+        if not request_id:
+            return scheduling.Share()
+        share = self._shares.get(request_id)
+        if share is None:
+            share = self._shares[request_id] = scheduling.Share()
+        return share
 
     async def admit_all(
         self,
         requests: Sequence[GenerationRequest],
         permit: Permit | None = None,
-        asked: scheduling.Scheduling | None = None,
-        trace: Context | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[GenerationStream]:
         """``submit_all`` as a coroutine: what a pipeline awaits, here or across a process boundary (the
         split service's front end waits for the engine process to take the requests, so that a refusal is
         still an ordinary error before any token, as here)."""
-        return self.submit_all(requests, permit, asked, trace)
+        return self.submit_all(requests, permit, meta)
 
     def _queue(
         self,
@@ -175,6 +190,7 @@ class GenerationEngine(ModelWorker):
         permit: Permit | None,
         asked: scheduling.Scheduling,
         trace: Context | None,
+        share: scheduling.Share,
     ) -> GenerationStream:
         if permit is not None:
             permit.use()
@@ -190,14 +206,40 @@ class GenerationEngine(ModelWorker):
         if trace is not None:
             seq.trace = SequenceTrace(trace, request, seq.submitted_at)
             stream.on_end = partial(self._traced_end, seq)
-        seq.priority, seq.deadline = asked.priority, asked.deadline
+        seq.priority, seq.deadline, seq.most_urgent = asked.priority, asked.deadline, asked.most_urgent
+        seq.share = share
         seq.expires_at, seq.client_deadline = asked.wait_limit(self.queue_timeout_s, seq.submitted_at)
         loop = asyncio.get_running_loop()
         seq.timer = loop.call_at(loop.time() + max(0.0, seq.expires_at - seq.submitted_at), self._expire, seq)
+        structured = request.sampling.structured_outputs
+        if structured is None:
+            self._wait(seq)
+        else:  # compiled, and its first mask computed, on a compile thread: never in the decoding loop
+            self._preparing.append(seq)
+            prepared = self.grammars.prepare(structured)
+            prepared.add_done_callback(lambda done: loop.call_soon_threadsafe(self._prepared, seq, done))
+        return stream
+
+    def _wait(self, seq: SequenceState) -> None:
         self._waiting.append(seq)
         self._depth_changed()
         self._wakeup.set()
-        return stream
+
+    def _prepared(self, seq: SequenceState, done: Future[Grammar]) -> None:
+        """A structured sequence's grammar is ready: it waits for a place in the batch like any other."""
+        if seq not in self._preparing:  # expired or failed meanwhile
+            return
+        self._preparing.remove(seq)
+        error = done.exception()
+        if error is not None:
+            if seq.timer is not None:
+                seq.timer.cancel()
+            seq.stream._fail(InferenceError(self.name, error))
+            self._depth_changed()
+            self._wakeup.set()
+            return
+        seq.grammar = done.result()
+        self._wait(seq)
 
     # --- admission ----------------------------------------------------------------------------
 
@@ -215,16 +257,21 @@ class GenerationEngine(ModelWorker):
             raise PromptError(f"prompt token ids must lie in [0, {self.vocab_size})", "unknown_token")
 
     def _admit(self) -> list[SequenceState]:
-        """Take waiting sequences, the most urgent first (oldest first within a class), while the batch has
-        room."""
+        """Take waiting sequences, the most urgent class first, while the batch has room; within a class,
+        round robin by request: a sequence of the request with the fewest running, then the fewest
+        admitted so far (the oldest first among equals), so one request's many sequences (``n``,
+        ``best_of``, many prompts) share the batch with the requests behind them rather than fill it."""
         newcomers: list[SequenceState] = []
         now = time.monotonic()
+        running = Counter(s.share for s in (*self._prefilling, *self._batch.rows) if not s.done)
         while self._waiting and self.running + len(newcomers) < self.max_running:
-            seq = self._waiting.popleft(now)
+            seq = self._waiting.popleft(now, share=lambda s: (running[s.share], s.share.taken))
             if seq.timer is not None:
                 seq.timer.cancel()
             if not seq.done:
                 newcomers.append(seq)
+                running[seq.share] += 1
+                seq.share.taken += 1
                 self._hooks.on_class_wait(seq.priority, now - seq.submitted_at)
                 if seq.trace is not None:
                     seq.trace.admitted_at = now
@@ -234,9 +281,12 @@ class GenerationEngine(ModelWorker):
 
     def _expire(self, seq: SequenceState) -> None:
         """Timer callback at its deadline: the request waited too long for a place in the batch."""
-        if seq not in self._waiting:
+        if seq in self._preparing:
+            self._preparing.remove(seq)
+        elif seq in self._waiting:
+            self._waiting.remove(seq)
+        else:
             return
-        self._waiting.remove(seq)
         waited = time.monotonic() - seq.submitted_at
         self._hooks.on_reject("deadline" if seq.client_deadline else "timeout")
         self._hooks.on_class_expired(seq.priority)
@@ -290,7 +340,7 @@ class GenerationEngine(ModelWorker):
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._preparing)
 
     def waiting_by_class(self) -> dict[int, int]:
         return self._waiting.depth_by_class()
@@ -298,7 +348,7 @@ class GenerationEngine(ModelWorker):
     async def _has_work(self) -> bool:
         """Wait until something waits or runs; False once closed with nothing left."""
         while not (self._waiting or self._batch.rows):
-            if self._closed:
+            if self._closed and not self._preparing:
                 return False
             self._wakeup.clear()
             await self._wakeup.wait()
@@ -438,6 +488,11 @@ class GenerationEngine(ModelWorker):
         self._depth_changed()
 
     def _fail_pending(self, error: BaseException, drained: bool) -> None:
+        preparing, self._preparing = self._preparing, []
+        for seq in preparing:
+            if seq.timer is not None:
+                seq.timer.cancel()
+            seq.stream._fail(error)
         while self._waiting:
             seq = self._waiting.popleft()
             if seq.timer is not None:

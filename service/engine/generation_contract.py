@@ -30,6 +30,7 @@ class GenerationRequest:
     prompt_ids: list[int]  # already tokenized; GenerationEngine.check_prompt says whether it fits
     sampling: SamplingParams  # max_new_tokens, stop strings, and how each token is picked
     request_id: str = ""
+    cache_salt: str = ""  # the caller's prefix-cache tenant (``PrefixCache``): "" shares the blocks
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ prompts; a later prompt reuses the longest run of its leading blocks that is res
 the rest (``DecoderGraph.prefill_all`` with a past). Blocks are shared by every sequence that starts with
 them, and evicted least recently used first once their bytes would pass ``max_bytes``.
 
+A request's ``cache_salt`` (vLLM's: the caller's tenant, ``keys.prefix_salt``) enters the first block's
+hash, so its blocks are found only by prompts of the same salt: one tenant never reuses another's cached
+prompt, nor learns from a fast first token that someone sent it. "" is the shared space.
+
 A prompt always computes at least its last token (its logits pick the first new token), so at most
 ``(len - 1) // block_tokens`` blocks are reused. Only the engine's compute thread touches the cache.
 """
@@ -46,9 +50,9 @@ class PrefixCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
 
-    def keys(self, tokens: Sequence[int], blocks: int) -> list[bytes]:
-        """The keys of the first ``blocks`` full blocks of ``tokens``."""
-        keys, key = [], b""
+    def keys(self, tokens: Sequence[int], blocks: int, salt: str = "") -> list[bytes]:
+        """The keys of the first ``blocks`` full blocks of ``tokens``, the chain started from ``salt``."""
+        keys, key = [], salt.encode()
         size = self.block_tokens
         for j in range(blocks):
             chunk = np.asarray(tokens[j * size : (j + 1) * size], dtype=np.int64).tobytes()
@@ -56,23 +60,24 @@ class PrefixCache:
             keys.append(key)
         return keys
 
-    def reusable(self, prompt: Sequence[int]) -> int:
-        """How many leading tokens of ``prompt`` resident blocks hold (its last token never: it is computed)."""
+    def reusable(self, prompt: Sequence[int], salt: str = "") -> int:
+        """How many leading tokens of ``prompt`` resident blocks of ``salt`` hold (its last token never: it
+        is computed)."""
         found = 0
-        for key in self.keys(prompt, (len(prompt) - 1) // self.block_tokens):
+        for key in self.keys(prompt, (len(prompt) - 1) // self.block_tokens, salt):
             if key not in self._blocks:
                 break
             found += 1
         return found * self.block_tokens
 
-    def lookup(self, prompt: Sequence[int], tokens: int) -> np.ndarray:
+    def lookup(self, prompt: Sequence[int], tokens: int, salt: str = "") -> np.ndarray:
         """The keys/values of ``prompt``'s first ``tokens`` (at most ``reusable``), (names, H, tokens, Dh);
         the blocks become the most recently used. Counts the lookup in the hit rate."""
         self.queried_tokens += len(prompt)
         self.hit_tokens += tokens
         blocks = -(-tokens // self.block_tokens)
         parts = []
-        for key in self.keys(prompt, blocks):
+        for key in self.keys(prompt, blocks, salt):
             self._blocks.move_to_end(key)
             parts.append(self._blocks[key])
         return np.concatenate(parts, axis=2)[:, :, :tokens]
@@ -81,12 +86,14 @@ class PrefixCache:
         """A prompt prefilled without the cache: counted in the hit rate as a miss."""
         self.queried_tokens += len(prompt)
 
-    def store(self, prompt: Sequence[int], tensors: Sequence[np.ndarray], row: int, end: int) -> None:
+    def store(
+        self, prompt: Sequence[int], tensors: Sequence[np.ndarray], row: int, end: int, salt: str = ""
+    ) -> None:
         """Keep every full block of ``prompt`` from a prefill's present ``tensors`` (host arrays, (B, H, W,
         Dh) per past name), where row ``row``'s prompt ends at column ``end`` (exclusive)."""
         size = self.block_tokens
         start = end - len(prompt)
-        for j, key in enumerate(self.keys(prompt, len(prompt) // size)):
+        for j, key in enumerate(self.keys(prompt, len(prompt) // size, salt)):
             if key in self._blocks:
                 self._blocks.move_to_end(key)
                 continue

@@ -25,6 +25,7 @@ from .generation_trace import SequenceTrace
 from .kv_cache import KVBuffer, KVCache, to_host
 from .prefix_cache import PrefixCache
 from .sampling import TokenLogprob, TokenSampler, prompt_token_logprobs, token_logprob
+from .scheduling import Share
 from .speculation import Speculation, propose
 from .structured_output import Grammar, GrammarCompiler
 
@@ -60,6 +61,8 @@ class SequenceState:
         self.finish_reason: str | None = None
         self.submitted_at = time.monotonic()
         self.priority = 1  # scheduling.NORMAL; set by the engine from the request's scheduling
+        self.most_urgent = 0  # the class aging may lift it to while it waits: its key's ceiling
+        self.share = Share()  # its request's, set by the engine: the request's sequences share admission
         self.expires_at = float("inf")  # while waiting: the client's deadline, or the queue's timeout
         self.client_deadline = False  # expires_at is the client's: 504, not 503
         self.deadline: float | None = None  # the client's deadline, which also ends a running sequence
@@ -128,11 +131,15 @@ class SequenceState:
         stop_allowed = len(self.generated) >= self.request.sampling.min_tokens
         text = self.detokenizer.step(self.generated, stop_allowed)
         complete = False  # the grammar takes no further token: the text is whole
-        if self.grammar is not None and token != self.eos_id:
-            if not self.grammar.consume(token):  # never for a token its mask allowed: end it, not the batch
+        broken = False  # the grammar failed (a limit of llguidance's): the text is not whole, however it ends
+        if self.grammar is not None:
+            if token != self.eos_id and not self.grammar.consume(token):  # the sequence ends, not the batch
                 log.warning("a grammar refused token %d (%s): the sequence ends", token, self.grammar.error)
             complete = self.grammar.finished
-        if token == self.eos_id:
+            broken = self.grammar.failed or (token == self.eos_id and not self.grammar.accepting)
+        if broken:  # stop only for a text the grammar accepts whole
+            self.finish_reason = "length"
+        elif token == self.eos_id:
             self.finish_reason = "eos"
         elif self.detokenizer.stopped:
             self.finish_reason = "stop"
@@ -246,7 +253,11 @@ class RunningBatch:
         if self.prefix_cache is None:
             return [newcomers]
         cache = self.prefix_cache
-        hits = [s for s in newcomers if self._cacheable(s) and cache.reusable(s.request.prompt_ids)]
+        hits = [
+            s
+            for s in newcomers
+            if self._cacheable(s) and cache.reusable(s.request.prompt_ids, s.request.cache_salt)
+        ]
         misses = [s for s in newcomers if s not in hits]
         return [group for group in (hits, misses) if group]
 
@@ -266,8 +277,8 @@ class RunningBatch:
         masks = self._masks(pending, len(newcomers))
         if self.prefix_cache is not None:
             host = [to_host(t) for t in cache.tensors]
-            for row, prompt in enumerate(prompts):
-                self.prefix_cache.store(prompt, host, row, cache.width)
+            for row, (seq, prompt) in enumerate(zip(newcomers, prompts, strict=True)):
+                self.prefix_cache.store(prompt, host, row, cache.width, seq.request.cache_salt)
         for row, seq in enumerate(newcomers):
             top_n, prompt = seq.request.sampling.prompt_logprobs, seq.request.prompt_ids
             if top_n is not None:
@@ -283,14 +294,15 @@ class RunningBatch:
         cache = self.prefix_cache
         prompts = [s.request.prompt_ids for s in newcomers]
         available = [
-            cache.reusable(p) if self._cacheable(s) else 0 for s, p in zip(newcomers, prompts, strict=True)
+            cache.reusable(p, s.request.cache_salt) if self._cacheable(s) else 0
+            for s, p in zip(newcomers, prompts, strict=True)
         ]
         new = max(len(p) - a for p, a in zip(prompts, available, strict=True))
         reused = [max(0, len(p) - new) for p in prompts]
         prefixes: list[np.ndarray | None] = []
-        for prompt, r in zip(prompts, reused, strict=True):
+        for seq, prompt, r in zip(newcomers, prompts, reused, strict=True):
             if r:
-                prefixes.append(cache.lookup(prompt, r))
+                prefixes.append(cache.lookup(prompt, r, seq.request.cache_salt))
             else:
                 cache.missed(prompt)
                 prefixes.append(None)

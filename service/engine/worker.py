@@ -18,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from service.metadata import ANONYMOUS, RequestMeta
+
 from . import instances, scheduling
 from .errors import BatcherClosedError, QueueFullError
 
@@ -178,7 +180,7 @@ class ModelWorker(ABC):
             self._on_reject("closed")
             raise BatcherClosedError(self.name, "not started" if self._worker is None else "shutting down")
 
-    def admit(self, count: int, priority: int | None = None) -> None:
+    def admit(self, count: int, priority: int = scheduling.NORMAL) -> None:
         """Raise QueueFullError (and count the refusal) unless ``count`` more items fit the queue now.
 
         The check of an item queued without a permit. A closed worker is left to ``check_open`` at
@@ -186,7 +188,6 @@ class ModelWorker(ABC):
         """
         if not self.accepting:
             return
-        priority = scheduling.current().priority if priority is None else priority
         while self.waiting + self._reserved + count > self.max_queue_size:
             # a more urgent request takes the place of a less urgent one: queued, else still reserved
             if not (self._displace(priority) or self._revoke(priority)):
@@ -205,11 +206,13 @@ class ModelWorker(ABC):
         self._on_reject("queue_full")
         return True
 
-    def reserve(self, count: int) -> Permit:
-        """``count`` places for one request's items, taken now, or QueueFullError: its one admission."""
-        self.admit(count)
+    def reserve(self, count: int, meta: RequestMeta = ANONYMOUS) -> Permit:
+        """``count`` places for one request's items (``meta``: its priority class), taken now, or
+        QueueFullError: its one admission."""
+        priority = meta.scheduling.priority
+        self.admit(count, priority)
         self._reserved += count
-        permit = Permit(self, count, scheduling.current().priority)
+        permit = Permit(self, count, priority)
         if count:
             self._permits.setdefault(permit.priority, {})[permit] = None
         return permit

@@ -23,7 +23,7 @@ from service.models.host import ModelHost
 from service.observe.logs import configure_logging
 from service.observe.metrics import Metrics
 from service.observe.tracing import Tracing
-from service.process import die_with_parent
+from service.process import PARENT_PID, die_with_parent
 from service.settings import Settings
 
 log = logging.getLogger("service.engine")
@@ -56,7 +56,8 @@ async def serve(settings: Settings, folder: Path) -> None:
 
 
 def main() -> None:
-    die_with_parent()
+    parent = os.environ.get(PARENT_PID)
+    die_with_parent(parent=int(parent) if parent and parent.isdigit() else None)
     folder = Path(sys.argv[1])
     settings = Settings()
     configure_logging(settings)

@@ -10,12 +10,20 @@ socket tells every front end what serves (``Models``, after each change) and tha
 A front end's streams are forwarded by a listener on each engine-side stream (``GenerationStream.
 listener``): no task per stream. A front end that dies is noticed within a second (its pid, from its
 ``Hello``): its sequences are cancelled and its requests withdrawn, the other front ends untouched.
+
+The ROUTER queues without a high-water mark and is mandatory: an answer for a front end that has gone is
+an error the engine sees (that front end's work is then dropped), never a silent drop. A message that
+cannot be read fails the requests it names; an answer that cannot be encoded goes back as the error it
+met. If the receive loop stops for any other reason, the heartbeats say the engine is not ready, and the
+front ends answer 503. The heartbeat sends the last ``Models`` message again as it was built: the
+repository's folders are read when what serves changes, not on the loop every two seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -28,16 +36,27 @@ import zmq.asyncio
 from opentelemetry import propagate
 from opentelemetry.context import Context
 
+from service.engine.errors import EngineError
 from service.engine.generation_contract import GenerationResult, TokenEvent
 from service.engine.generation_stream import GenerationStream
-from service.engine.scheduling import Scheduling
-from service.ipc.channel import Frame, Outbox, decode_batch, encode_broadcast, endpoints
+from service.engine.scheduling import Ceiling, Scheduling
+from service.ipc.channel import (
+    BadMessage,
+    Frame,
+    Outbox,
+    Unsendable,
+    decode_batch,
+    encode_broadcast,
+    endpoints,
+    unbounded,
+)
 from service.ipc.messages import (
     HEARTBEAT_S,
     Abort,
     Asked,
     Call,
     Ended,
+    Envelope,
     Generate,
     Heartbeat,
     Hello,
@@ -48,6 +67,7 @@ from service.ipc.messages import (
     Submit,
     Token,
 )
+from service.metadata import RequestMeta
 from service.models.host import ModelHost
 from service.models.registry import PREFERRED_DEFAULTS
 from service.pipelines.factory import PIPELINES
@@ -59,21 +79,21 @@ log = logging.getLogger(__name__)
 COMPUTE = frozenset({"attention_weights"})
 
 
-def _trace(asked: Asked) -> Context | None:
-    return propagate.extract(asked.trace) if asked.trace else None
-
-
-def _scheduling(asked: Asked) -> Scheduling:
-    return Scheduling(asked.priority, asked.deadline)
+def _meta(asked: Asked) -> RequestMeta:
+    """A front end's request as the engine's queues take it: its scheduling and its trace."""
+    trace: Context | None = propagate.extract(asked.trace) if asked.trace else None
+    return RequestMeta(
+        scheduling=Scheduling(asked.priority, asked.deadline, Ceiling(asked.most_urgent)), trace=trace
+    )
 
 
 class _Frontend:
     """One connected front end: its identity on the ROUTER, its pid, its outbox, its work in flight."""
 
-    def __init__(self, identity: bytes, send: Callable[[list[Frame]], None]) -> None:
+    def __init__(self, identity: bytes, send: Callable[[list[Frame]], Any], unsendable: Unsendable) -> None:
         self.identity = identity
         self.pid = 0
-        self.outbox = Outbox(send)
+        self.outbox = Outbox(send, unsendable)
         self.streams: dict[int, GenerationStream] = {}  # its stream id -> the engine's stream
         self.tasks: dict[int, asyncio.Task[None]] = {}  # request id -> the task answering it
 
@@ -113,12 +133,14 @@ class EngineServer:
         self._pub = self._context.socket(zmq.PUB)
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = asyncio.Event()
+        self._models_message = b""  # the last Models broadcast, as encoded
 
     # --- the sockets -------------------------------------------------------------------------------------
 
     def bind(self) -> None:
         requests, broadcast = endpoints(self.folder)
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished front end's answers are dropped
+        unbounded(self._router)
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an answer to a vanished front end is an error
         self._router.bind(requests)
         self._pub.bind(broadcast)
         self.host.on_change = self.broadcast_models
@@ -127,12 +149,25 @@ class EngineServer:
         """Answer front ends until ``close``."""
         self.ready = True
         self.broadcast_models()
-        self._tasks = [
-            asyncio.ensure_future(self._receive()),
-            asyncio.ensure_future(self._heartbeat()),
-            asyncio.ensure_future(self._watch_frontends()),
-        ]
+        self._tasks = []
+        for name, loop in (
+            ("receive", self._receive),
+            ("heartbeat", self._heartbeat),
+            ("watch", self._watch_frontends),
+        ):
+            task = asyncio.ensure_future(loop())
+            task.add_done_callback(lambda task, name=name: self._stopped(name, task))  # type: ignore[misc]
+            self._tasks.append(task)
         await self._closed.wait()
+
+    def _stopped(self, name: str, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        log.error("the engine's %s loop stopped (%r): not ready from now", name, task.exception())
+        self.ready = False
+        if name != "heartbeat":  # the heartbeat says so; with it gone, the front ends hear silence
+            with contextlib.suppress(zmq.ZMQError):
+                self._pub.send(encode_broadcast(Heartbeat(os.getpid(), self.epoch, False, {})))
 
     async def close(self) -> None:
         self.ready = False
@@ -150,19 +185,51 @@ class EngineServer:
         frontend = self._frontends.get(identity)
         if frontend is None:
 
-            def send(frames: list[Frame]) -> None:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._router.send_multipart([identity, *frames], copy=False)
+            def send(frames: list[Frame]) -> Any:
+                return self._router.send_multipart([identity, *frames], copy=False)
 
-            frontend = self._frontends[identity] = _Frontend(identity, send)
+            def unsendable(envelope: Envelope, exc: BaseException) -> None:
+                self._unsendable(identity, envelope, exc)
+
+            frontend = self._frontends[identity] = _Frontend(identity, send, unsendable)
         return frontend
+
+    def _unsendable(self, identity: bytes, envelope: Envelope, exc: BaseException) -> None:
+        frontend = self._frontends.get(identity)
+        if frontend is None:
+            return
+        if isinstance(exc, zmq.ZMQError) and exc.errno == errno.EHOSTUNREACH:
+            self._drop(identity, "its socket is gone")
+            return
+        log.error("an answer for front end %d could not be sent (%r): sending the error", frontend.pid, exc)
+        error = EngineError(f"the engine's answer could not be sent: {type(exc).__name__}: {str(exc)[:200]}")
+        if isinstance(envelope, Reply) and envelope.ok:
+            frontend.outbox.put(Reply(envelope.id, False), error, has_value=True)
+        elif isinstance(envelope, Ended | Token):
+            stream = frontend.streams.pop(envelope.stream, None)
+            if stream is not None:
+                stream.cancel()
+            frontend.outbox.put(Ended(envelope.stream, False), error, has_value=True)
 
     async def _receive(self) -> None:
         while True:
             identity, *parts = await self._router.recv_multipart(copy=False)
             frontend = self._frontend(identity.bytes)
-            for envelope, payload in decode_batch(parts):
-                self._dispatch(frontend, envelope, payload)
+            try:
+                received = decode_batch(parts)
+            except BadMessage as bad:
+                log.error("%s from front end %d: failing what it names", bad, frontend.pid)
+                for envelope in bad.envelopes:
+                    if isinstance(envelope, Submit | Generate | Call):
+                        self._reply(frontend, envelope.id, False, EngineError(str(bad)))
+                continue
+            for envelope, payload in received:
+                try:
+                    self._dispatch(frontend, envelope, payload)
+                except Exception as exc:  # one request that cannot be started fails, not the loop
+                    log.exception("dispatching a %s", type(envelope).__name__)
+                    if isinstance(envelope, Submit | Generate | Call):
+                        self._reply(frontend, envelope.id, False, EngineError(f"cannot be started: {exc!r}"))
 
     def _dispatch(self, frontend: _Frontend, envelope: Any, payload: Any) -> None:
         if isinstance(envelope, Submit):
@@ -200,7 +267,7 @@ class EngineServer:
             items = payload
             with pipeline.leased():
                 results = await pipeline.batcher.submit_all(  # type: ignore[attr-defined]
-                    items, msg.costs, None, _scheduling(msg.asked), _trace(msg.asked)
+                    items, msg.costs, None, _meta(msg.asked)
                 )
         except asyncio.CancelledError:
             return  # the front end withdrew it: nobody waits for an answer
@@ -215,7 +282,7 @@ class EngineServer:
             requests = payload
             with pipeline.leased():
                 streams = await pipeline.engine.admit_all(  # type: ignore[attr-defined]
-                    requests, None, _scheduling(msg.asked), _trace(msg.asked)
+                    requests, None, _meta(msg.asked)
                 )
         except Exception as exc:
             self._reply(frontend, msg.id, False, exc)
@@ -290,8 +357,9 @@ class EngineServer:
             [n for n in folders if n not in host.registry.versions and host.loads_on_demand(n)],
             defaults,
         )
+        self._models_message = encode_broadcast(message)
         with contextlib.suppress(zmq.ZMQError):
-            self._pub.send(encode_broadcast(message))
+            self._pub.send(self._models_message)
 
     async def _heartbeat(self) -> None:
         pid = os.getpid()
@@ -304,8 +372,9 @@ class EngineServer:
             with contextlib.suppress(zmq.ZMQError):
                 self._pub.send(encode_broadcast(Heartbeat(pid, self.epoch, self.ready, depth)))
             beat += 1
-            if beat % models_every == 0:
-                self.broadcast_models()
+            if beat % models_every == 0 and self._models_message:  # as built at the last change
+                with contextlib.suppress(zmq.ZMQError):
+                    self._pub.send(self._models_message)
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _watch_frontends(self) -> None:
@@ -314,14 +383,21 @@ class EngineServer:
             await asyncio.sleep(1.0)
             for identity, frontend in list(self._frontends.items()):
                 if frontend.pid and not alive(frontend.pid):
-                    log.warning(
-                        "front end %d is gone: cancelling its %d sequence(s) and %d request(s)",
-                        frontend.pid,
-                        len(frontend.streams),
-                        len(frontend.tasks),
-                    )
-                    for stream in list(frontend.streams.values()):
-                        stream.cancel()
-                    for task in list(frontend.tasks.values()):
-                        task.cancel()
-                    del self._frontends[identity]
+                    self._drop(identity, "its process is gone")
+
+    def _drop(self, identity: bytes, why: str) -> None:
+        """A front end that is gone: its sequences cancelled, its requests withdrawn."""
+        frontend = self._frontends.pop(identity, None)
+        if frontend is None:
+            return
+        log.warning(
+            "front end %d is gone (%s): cancelling its %d sequence(s) and %d request(s)",
+            frontend.pid,
+            why,
+            len(frontend.streams),
+            len(frontend.tasks),
+        )
+        for stream in list(frontend.streams.values()):
+            stream.cancel()
+        for task in list(frontend.tasks.values()):
+            task.cancel()

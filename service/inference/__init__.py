@@ -16,9 +16,11 @@ from service.engine.errors import (
 from service.engine.generation_contract import GenerationCancelledError, TokenEvent
 from service.engine.manifest import Manifest
 from service.engine.sampling import SamplingParams, TokenLogprob
-from service.engine.structured_output import StructuredOutput
+from service.engine.structured_output import MAX_CHOICES, StructuredOutput
+from service.models.served import ServedModel
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.contract import Parameter, TaskContract, TensorSpec
+from service.pipelines.documents import TextFormat
 from service.pipelines.results import (
     Answer,
     AttentionMap,
@@ -29,23 +31,29 @@ from service.pipelines.results import (
     Generation,
     LabelScore,
     Outcome,
+    Score,
     Translation,
+    TranslationScore,
     TranslationSequence,
     Usage,
 )
+from service.pipelines.text_inputs import CUT_RIGHT, Truncation
 from service.pipelines.translate import DecodingParams
 
-from .limits import CONTEXTS, INPUTS, MAX_NEW_TOKENS, RequestLimits, image_bytes
-from .models import ServedModel
+from .limits import CONTEXTS, DOCUMENTS, INPUTS, MAX_NEW_TOKENS, QUERIES, RequestLimits, image_bytes
 from .service import DEFAULT_MAX_NEW_TOKENS, InferenceService, ModelState
 from .streams import ChoiceDone, GenerationStreams, TokenOut
 
 __all__ = [
     "BYPASS",
     "CONTEXTS",
+    "CUT_RIGHT",
     "DEFAULT_MAX_NEW_TOKENS",
+    "DOCUMENTS",
     "INPUTS",
+    "MAX_CHOICES",
     "MAX_NEW_TOKENS",
+    "QUERIES",
     "USE_CACHE",
     "Answer",
     "AttentionMap",
@@ -72,15 +80,19 @@ __all__ = [
     "QueueTimeoutError",
     "RequestLimits",
     "SamplingParams",
+    "Score",
     "ServedModel",
     "StructuredOutput",
     "TaskContract",
     "TensorSpec",
+    "TextFormat",
     "TokenEvent",
     "TokenLogprob",
     "TokenOut",
     "Translation",
+    "TranslationScore",
     "TranslationSequence",
+    "Truncation",
     "Usage",
     "image_bytes",
 ]

@@ -20,6 +20,8 @@ from service.settings import Settings
 INPUTS = "inputs"  # a request's items: texts, prompts, images, or QA questions
 CONTEXTS = "contexts"  # QA contexts, beside their questions
 MAX_NEW_TOKENS = "max_new_tokens"
+QUERIES = "queries"  # rerank and score: each pair's query
+DOCUMENTS = "documents"  # rerank and score: each pair's document
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class RequestLimits:
     max_request_pixels: int  # applied by the image pipeline, from the headers, before decoding
     max_context_tokens: int  # applied by the QA pipeline, once its windows are cut
     attention_max_tokens: int = 128
+    max_queue_size: int = 256  # a generation's sequences must fit one model's queue
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
@@ -45,6 +48,25 @@ class RequestLimits:
         if count > self.max_items:
             raise InvalidInputError(
                 f"{count} items; at most {self.max_items} per request (MAX_ITEMS)", INPUTS, "too_many_items"
+            )
+
+    def documents(self, count: int) -> None:
+        """A rerank or score request's pairs (one query with N documents is N pairs): at most MAX_ITEMS."""
+        if count > self.max_items:
+            raise InvalidInputError(
+                f"{count} documents; at most {self.max_items} per request (MAX_ITEMS)",
+                DOCUMENTS,
+                "too_many_documents",
+            )
+
+    def sentences(self, count: int) -> None:
+        """A translation's sentences, every document's together: each is an item (MAX_ITEMS)."""
+        if count > self.max_items:
+            raise InvalidInputError(
+                f"{count} sentences in all; each sentence is an item, at most {self.max_items} per request "
+                "(MAX_ITEMS)",
+                INPUTS,
+                "too_many_items",
             )
 
     def texts(self, texts: Sequence[str], param: str = INPUTS) -> None:
@@ -75,6 +97,18 @@ class RequestLimits:
                 f"{shape} = {total}; at most {self.max_total_new_tokens} per request (MAX_TOTAL_NEW_TOKENS)",
                 MAX_NEW_TOKENS,
                 "over_budget",
+            )
+
+    def sequences(self, prompts: int, choices: int, field: str) -> None:
+        """A generation's sequences (prompts x choices) within one model's queue, MAX_QUEUE_SIZE: a
+        request that could never be queued whole is the client's error (naming ``field``, the choices'
+        parameter), not a full queue's 429 to retry."""
+        if prompts * choices > self.max_queue_size:
+            raise InvalidInputError(
+                f"{prompts} prompts x {choices} sequences each = {prompts * choices} sequences; a model "
+                f"queues at most {self.max_queue_size} (MAX_QUEUE_SIZE), so this request can never fit",
+                field if choices > 1 else INPUTS,
+                "too_many_sequences",
             )
 
     def images(self, images: Sequence[bytes]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from service.engine.sampling import SamplingParams
 from service.engine.structured_output import StructuredOutput
 from service.errors import InvalidInputError
+from service.inference.scheduling import shown, whole_number
 from service.pipelines.contract import RANGES
 from service.pipelines.translate import DecodingParams
 
@@ -60,15 +61,17 @@ def logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         raise InvalidInputError("must be an object of token id -> bias", "logit_bias", "type_error")
     pairs: dict[int, float] = {}
     for key, bias in value.items():
-        text = str(key).strip()
-        if isinstance(key, bool) or not text.lstrip("-").isdigit() or int(text) < 0:
+        token = None if isinstance(key, bool) else whole_number(str(key))  # the header parser's rule
+        if token is None:
             raise InvalidInputError(
-                f"keys are token ids (non-negative integers), got {key!r}", "logit_bias", "type_error"
+                f"keys are token ids (ASCII digits, non-negative), got {shown(str(key))}",
+                "logit_bias",
+                "type_error",
             )
-        if int(text) in pairs:
-            raise InvalidInputError(f"token {int(text)} is biased twice", "logit_bias", "duplicate")
+        if token in pairs:
+            raise InvalidInputError(f"token {token} is biased twice", "logit_bias", "duplicate")
         RANGES["logit_bias"].check("logit_bias", bias)
-        pairs[int(text)] = float(bias)
+        pairs[token] = float(bias)
     return tuple(sorted(pairs.items()))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from service.engine.scheduling import CLASSES, HIGH, LOW, NAMES, NORMAL, Ceiling, current, scheduled
+from service.engine.scheduling import CLASSES, HIGH, LOW, NAMES, NORMAL, Ceiling
 from service.errors import InvalidInputError
 
 MAX_TIMEOUT_S = 3600.0
@@ -24,13 +24,13 @@ __all__ = [
     "LOW",
     "NAMES",
     "Ceiling",
-    "current",
     "header_integer",
     "priority_named",
     "priority_of_triton",
     "priority_of_vllm",
-    "scheduled",
+    "shown",
     "timeout_of",
+    "whole_number",
 ]
 
 
@@ -73,16 +73,28 @@ def timeout_of(value: object, field: str, unit_s: float) -> float:
     return n * unit_s
 
 
-# A header's whole number: ASCII digits only (``str.isdigit`` admits "²" and other scripts' digits, which
-# ``int`` refuses), short enough that no conversion can fail.
-_HEADER_INTEGER = re.compile(r"[0-9]{1,18}")
+# A whole number in text (a header's, a JSON key's): ASCII digits only (``str.isdigit`` admits "²" and
+# other scripts' digits, some of which ``int`` refuses and some it reads), short enough that no conversion can fail.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` (spaces around allowed) as a non-negative whole number of 1-18 ASCII digits, else None."""
+    digits = text.strip()
+    return int(digits) if _WHOLE_NUMBER.fullmatch(digits) else None
+
+
+def shown(text: str) -> str:
+    """A client's text as an error message quotes it: at most 32 characters."""
+    return repr(text if len(text) <= 32 else text[:32] + "...")
 
 
 def header_integer(text: str, field: str) -> int:
     """A header's value as a non-negative whole number (ASCII digits, spaces around allowed), else a 422
     naming ``field``."""
-    digits = text.strip()
-    if not _HEADER_INTEGER.fullmatch(digits):
-        shown = digits if len(digits) <= 32 else digits[:32] + "..."
-        raise InvalidInputError(f"must be a whole number of milliseconds, got {shown!r}", field, "type_error")
-    return int(digits)
+    n = whole_number(text)
+    if n is None:
+        raise InvalidInputError(
+            f"must be a whole number of milliseconds, got {shown(text.strip())}", field, "type_error"
+        )
+    return n

@@ -10,6 +10,10 @@ task and the canonical request, every parameter with its effective value).
 Streams are never cached; requests with ``return_attention`` take the attention
 step after inference and skip the cache both ways (``pipelines/attention.py``).
 
+Every request method takes the request's metadata first (``RequestMeta``, ``service/metadata.py``): the
+caller's key (the models it may see, the tokens it is charged), its prefix-cache salt and its scheduling,
+built by its door and handed on to the pipelines and the engine; nothing here reads a context variable.
+
 Errors name the core's parameter (``inputs``, ``contexts``, ``max_new_tokens``,
 ``model``...) and the item's index; each door renames them (``api/http/fields.py``).
 
@@ -21,30 +25,36 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
-from service.access.quotas import Quotas
+from tokenizers import Tokenizer
+
+from service.access.quotas import KeyEntry, Quotas
 from service.cache import blob_digest
 from service.cache.response_cache import BYPASS, USE_CACHE, CacheControl, ResponseCache
-from service.context import current_key
 from service.engine.sampling import SamplingParams
 from service.errors import (
-    ForbiddenError,
     InvalidInputError,
     ModelNotFoundError,
     NotReadyError,
+    TaskMismatchError,
 )
+from service.metadata import RequestMeta
 from service.models.registry import ModelRegistry
+from service.models.served import ServedModel
 from service.models.states import ModelState
 from service.observe import spans
 from service.pipelines import attention as attention_step
 from service.pipelines.attention import AttentionQuery
 from service.pipelines.base import ModelPipeline
 from service.pipelines.classify import ImageClassifier, TextClassifier
+from service.pipelines.documents import TextFormat
 from service.pipelines.embed import SentenceEmbedder
+from service.pipelines.entity_spans import STRATEGIES, Aggregation
 from service.pipelines.extract import EntityTagger, QuestionAnswerer
 from service.pipelines.generate import Generator, OpenStream
 from service.pipelines.results import (
@@ -54,21 +64,28 @@ from service.pipelines.results import (
     Entities,
     Generation,
     Outcome,
+    Score,
     Translation,
+    TranslationScore,
     Usage,
 )
+from service.pipelines.score import RERANK, CosineScorer, PairScorer
+from service.pipelines.text_inputs import CUT_RIGHT, Truncation
 from service.pipelines.translate import DecodingParams, Translator
 
-from .limits import CONTEXTS, RequestLimits
-from .models import ServedModel
+from .limits import CONTEXTS, DOCUMENTS, QUERIES, RequestLimits
 from .params import decoding_params, sampling_params
 from .streams import GenerationStreams
+from .tokens import Token, decoded, tokens_of
 
 log = logging.getLogger(__name__)
 
 Phase = Literal["starting", "ready", "draining", "stopping", "stopped"]
 P = TypeVar("P", bound=ModelPipeline)
 R = TypeVar("R")
+
+# What a task method hands the cache to run on a miss: its pipeline's call, given the request's metadata.
+Compute = Callable[[RequestMeta], Awaitable[Outcome[R]]]
 
 # A generation request that names no length gets this many new tokens (at most MAX_NEW_TOKENS).
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -148,10 +165,11 @@ class InferenceService:
     async def unload(self, name: str) -> None:
         await self.host.unload(name)
 
-    def repository(self) -> list[ModelState]:
-        return self.host.repository()
+    def repository(self, meta: RequestMeta) -> list[ModelState]:
+        """Every model folder and served model the caller may know of (its key's models, when it lists some)."""
+        return [state for state in self.host.repository() if meta.may_see(state.name)]
 
-    async def resident(self, model: str | None, task: str | None = None) -> None:
+    async def resident(self, meta: RequestMeta, model: str | None, task: str | None = None) -> None:
         """With a memory budget, the model a request names (or its task's default) loaded if it is not
         resident, once the caller's key is known to be allowed it: a key may not load (and so unload
         others for) a model it may not use (``ModelHost.resident``)."""
@@ -159,7 +177,7 @@ class InferenceService:
         if name is None:
             return
         if name not in self.registry.versions and self.host.loads_on_demand(name):
-            self._allowed(name)
+            self._allowed(meta, name)
         await self.host.resident(model, task)
 
     def check_ready(self) -> None:
@@ -176,116 +194,130 @@ class InferenceService:
 
     # --- what the doors may know of the models --------------------------------------------
 
-    def models(self) -> list[ServedModel]:
-        """Each served model, as its newest version (``versions``: all that serve)."""
-        return [self._view(versions[0]) for versions in self.registry.versions.values()]
+    def models(self, meta: RequestMeta, every_key: bool = False) -> list[ServedModel]:
+        """Each served model the caller may know of (``every_key``: all, whoever asks), as its newest
+        version (``versions``: all that serve)."""
+        return [
+            self._view(versions[0])
+            for name, versions in self.registry.versions.items()
+            if every_key or meta.may_see(name)
+        ]
 
     def _view(self, pipeline: ModelPipeline) -> ServedModel:
         return ServedModel.of(
             pipeline, self.registry.default_for(pipeline.name), self.registry.versions.get(pipeline.name, [])
         )
 
-    def refused(self) -> dict[str, str]:
+    def refused(self, meta: RequestMeta) -> dict[str, str]:
         """Folders refused at start-up (or at warm-up), with the reason as callers may see it (no host paths)."""
-        return dict(sorted(self.registry.refused.items()))
+        return dict(sorted((n, r) for n, r in self.registry.refused.items() if meta.may_see(n)))
 
-    def check_servable(self, name: str, version: str | None = None) -> None:
+    def check_servable(self, meta: RequestMeta, name: str, version: str | None = None) -> None:
         """``ModelNotFoundError`` (404) unless model ``name`` (``version``) serves, or would load on its first
         request (a memory budget): what a door checks before it reads a body."""
-        if name in self.registry.versions or not self.host.loads_on_demand(name):
-            self.model(name, version=version)
+        if name in self.registry.versions or not self.host.loads_on_demand(name) or not meta.may_see(name):
+            self.model(meta, name, version=version)
 
-    def model_ready(self, name: str, version: str | None = None) -> tuple[ServedModel | None, bool]:
+    def model_ready(
+        self, meta: RequestMeta, name: str, version: str | None = None
+    ) -> tuple[ServedModel | None, bool]:
         """Triton's model readiness: the resident model (None when not resident) and whether it answers now.
         A model the service knows (resident, refused, or a folder of the repository, loadable on demand or
         not) that is not resident, or not in that version, is not ready; a name it does not know is
-        ``ModelNotFoundError`` (404, ``NOT_FOUND``)."""
+        ``ModelNotFoundError`` (404, ``NOT_FOUND``), as is a model the caller's key may not use."""
+        if not meta.may_see(name.split("@", 1)[0]):
+            raise ModelNotFoundError(name, meta.visible(self.registry.versions))
         if name in self.registry.versions:
             try:
-                model = self.model(name, version=version)
+                model = self.model(meta, name, version=version)
             except ModelNotFoundError:  # the model serves, that version does not
                 return None, False
             return model, self.phase == "ready"
         if not self.host.knows(name):
-            raise ModelNotFoundError(name, list(self.registry.versions))
-        self._allowed(name)
+            raise ModelNotFoundError(name, meta.visible(self.registry.versions))
         return None, False
 
     async def served(
-        self, name: str | None, task: str | None = None, version: str | None = None
+        self, meta: RequestMeta, name: str | None, task: str | None = None, version: str | None = None
     ) -> ServedModel:
         """``model``, once the model is resident: with a memory budget, a model of the repository a request
         names is loaded on demand (``resident``) before the door reads it. What a door calls for a request."""
-        await self.resident(name, task)
-        return self.model(name, task, version)
+        await self.resident(meta, name, task)
+        return self.model(meta, name, task, version)
 
-    def model(self, name: str | None, task: str | None = None, version: str | None = None) -> ServedModel:
+    def model(
+        self, meta: RequestMeta, name: str | None, task: str | None = None, version: str | None = None
+    ) -> ServedModel:
         """The loaded model ``name`` (default: ``task``'s default model), its newest version; with
         ``version`` (a version folder's number, or the content hash answers carry), that version, if it
         serves; with ``task``, only if it serves that task."""
         if task is not None:
-            pipeline = self.registry.resolve_task(task, name)
+            pipeline = self.registry.resolve_task(task, name, meta)
         else:
             assert name is not None, "a model by name, or a task's default"
-            pipeline = self.registry.get(name)
+            pipeline = self.registry.get(name, meta=meta)
         if version is not None:
-            pipeline = self.registry.get(pipeline.name, version)
-        self._allowed(pipeline.name)
+            pipeline = self.registry.get(pipeline.name, version, meta)
+        self._allowed(meta, pipeline.name)
         return self._view(pipeline)
 
     # --- one method per task --------------------------------------------------------------
 
     async def _answer(
         self,
-        pipeline: P,
+        meta: RequestMeta,
+        pipeline: ModelPipeline | PairScorer,
         request: dict[str, Any],
         result_type: type[R],
         cache: CacheControl,
-        compute: Callable[[], Awaitable[Outcome[R]]],
+        compute: Compute[R],
     ) -> Outcome[R]:
         """The answer, from the cache or computed, charged to the caller's key unless cached: the core's
         span of the request (named for its task), whose children are the cache lookup, the tokenizing and
-        the queue wait."""
+        the queue wait (``compute`` is given ``meta`` traced under this span)."""
         with spans.span(pipeline.task, pipeline.model.request_span_attributes):
+            traced = meta.traced(spans.current_context())
             outcome = await self.cache.get_or_compute(
-                pipeline, request=request, result_type=result_type, control=cache, compute=compute
+                pipeline,
+                request=request,
+                result_type=result_type,
+                control=cache,
+                compute=lambda: compute(traced),
             )
         if not outcome.cached:
-            await self._charge(outcome.usage)
+            await self._charge(meta, outcome.usage)
         return outcome
 
-    async def _charge(self, usage: Usage) -> None:
+    async def _charge(self, meta: RequestMeta, usage: Usage) -> None:
         """The tokens the caller's key read and generated, against its tokens per minute."""
-        key = current_key()
-        if key is not None and self.quotas is not None:
-            await self.quotas.charge(key, usage.input_tokens + usage.output_tokens)
+        if meta.key is not None and self.quotas is not None:
+            await self.quotas.charge(cast(KeyEntry, meta.key), usage.input_tokens + usage.output_tokens)
 
-    def _charge_abandoned(self, usage: Usage) -> None:
+    def _charge_abandoned(self, meta: RequestMeta, usage: Usage) -> None:
         """What a request that failed or whose caller left had used, charged in the background (its task is
         being cancelled): generated tokens are spent whether or not anyone read them."""
-        if current_key() is None or self.quotas is None:
+        if meta.key is None or self.quotas is None:
             return
-        charging = asyncio.ensure_future(self._charge(usage))  # the request's context: its key
+        charging = asyncio.ensure_future(self._charge(meta, usage))
         self._charging.add(charging)
         charging.add_done_callback(self._charging.discard)
 
-    @staticmethod
-    def _allowed(name: str) -> None:
-        """A model the caller's key may not use is a 403 (the key is known; the model is not its to use)."""
-        key = current_key()
-        if key is not None and not key.may_use(name):
-            raise ForbiddenError(f"key {key.id!r} may not use model {name!r}", field="model")
+    def _allowed(self, meta: RequestMeta, name: str) -> None:
+        """A model the caller's key may not use is, to that key, a model that does not exist: the same 404,
+        naming only the models it may use, so that no answer tells a key which other models serve."""
+        if not meta.may_see(name):
+            raise ModelNotFoundError(name, meta.visible(self.registry.versions))
 
-    async def _resolve(self, kind: type[P], model: str | None) -> P:
+    async def _resolve(self, meta: RequestMeta, kind: type[P], model: str | None) -> P:
         """After the request's own checks: readiness, then the model (``model``, or the task's default),
         loaded first if it is in the repository but not resident (``resident``).
 
         The caller holds ``pipeline.leased()`` while it uses it: a version replaced or unloaded meanwhile
         (``load``, ``unload``) stops, and frees its sessions, only once every request on it is done."""
         self.check_ready()
-        await self.resident(model, kind.task)  # a key's model list is checked before any load (``resident``)
-        pipeline = self.registry.resolve(kind, model)
-        self._allowed(pipeline.name)
+        await self.resident(meta, model, kind.task)  # a key's model list is checked before any load
+        pipeline = self.registry.resolve(kind, model, meta)
+        self._allowed(meta, pipeline.name)
         return pipeline
 
     def _texts(self, texts: Sequence[str], attention: AttentionQuery | None = None) -> None:
@@ -302,54 +334,145 @@ class InferenceService:
 
     async def translate(
         self,
+        meta: RequestMeta,
         texts: Sequence[str],
         params: DecodingParams,
         model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
+        text_format: TextFormat = "text",
+        split_sentences: bool = True,
     ) -> Outcome[Translation]:
+        """Each text is a document (``pipelines/documents.py``): split into sentences (unless
+        ``split_sentences`` is false), plain text or HTML. Its sentences are the request's items: MAX_ITEMS
+        and the generation budget count them, and each takes a place in the queue. With
+        ``return_attention`` the one text is translated whole, as one sentence."""
         self._texts(texts, attention)
+        if len(params.target_prefix) not in (0, 1, len(texts)):
+            raise InvalidInputError(
+                f"{len(params.target_prefix)} prefixes for {len(texts)} texts: give one, or one per text",
+                "target_prefix",
+                "out_of_range",
+            )
+        beams = max(params.beam_size, params.num_hypotheses if params.return_alternatives else 1)
+        if attention is not None and text_format != "text":
+            raise InvalidInputError("return_attention takes plain text", "format", "unsupported")
         self.limits.new_tokens(params.max_new_tokens)
-        self.limits.generation_budget(len(texts), params.max_new_tokens, params.beam_size)
-        pipeline = await self._resolve(Translator, model)
+        pipeline = await self._resolve(meta, Translator, model)
         with pipeline.leased():
+            documents = None
             if attention is not None:
+                self.limits.generation_budget(len(texts), params.max_new_tokens, beams)
                 params = pipeline.attention_params(texts[0], params, self.limits.attention_max_tokens)
+            else:
+                documents = pipeline.documents(texts, text_format, split_sentences)
+                sentences = sum(len(d.sentences) for d in documents)
+                self.limits.sentences(sentences)
+                self.limits.generation_budget(sentences, params.max_new_tokens, beams)
+            key = {"texts": list(texts), **asdict(params)}
+            if documents is not None:
+                key |= {"format": text_format, "split_sentences": split_sentences}
             return await self._with_attention(
+                meta,
                 pipeline,
                 attention,
                 texts,
-                {"texts": list(texts), **asdict(params)},
+                key,
                 Translation,
                 cache,
-                lambda: pipeline.translate(texts, params),
+                lambda m: pipeline.translate(texts, params, documents, m),
+            )
+
+    async def score_translations(
+        self,
+        meta: RequestMeta,
+        texts: Sequence[str],
+        translations: Sequence[str],
+        model: str | None = None,
+        cache: CacheControl = USE_CACHE,
+    ) -> Outcome[TranslationScore]:
+        """Each translation's log-probability given its text (CTranslate2's ``score_batch``): each text and
+        each translation within the text limits, one pair an item."""
+        self._texts(texts)
+        if len(translations) != len(texts):
+            raise InvalidInputError(
+                f"{len(translations)} translations for {len(texts)} texts: one per text",
+                "translations",
+                "out_of_range",
+            )
+        self.limits.texts(translations, "translations")
+        pipeline = await self._resolve(meta, Translator, model)
+        with pipeline.leased():
+            return await self._answer(
+                meta,
+                pipeline,
+                {"score": True, "texts": list(texts), "translations": list(translations)},
+                TranslationScore,
+                cache,
+                lambda m: pipeline.score(texts, translations, m),
             )
 
     async def classify_texts(
         self,
+        meta: RequestMeta,
         texts: Sequence[str],
         top_k: int | None = None,
         model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
+        truncation: Truncation = CUT_RIGHT,
     ) -> Outcome[Classification]:
         """``top_k`` None: every label, most probable first."""
         self._texts(texts, attention)
-        pipeline = await self._resolve(TextClassifier, model)
+        pipeline = await self._resolve(meta, TextClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
             return await self._with_attention(
+                meta,
                 pipeline,
                 attention,
                 texts,
-                {"texts": list(texts), "top_k": k},
+                {"texts": list(texts), "top_k": k, **truncation.key},
                 Classification,
                 cache,
-                lambda: pipeline.classify(texts, k),
+                lambda m: pipeline.classify(texts, k, truncation, m),
+            )
+
+    async def classify_pairs(
+        self,
+        meta: RequestMeta,
+        pairs: Sequence[tuple[str, str | None]],
+        top_k: int | None = None,
+        model: str | None = None,
+        cache: CacheControl = USE_CACHE,
+        truncation: Truncation = CUT_RIGHT,
+    ) -> Outcome[Classification]:
+        """Sentence pairs (a ``None`` second: a single text) through a text classifier, the pair encoded as
+        BERT reads two segments; errors name ``inputs`` with the item's index."""
+        self.limits.items(len(pairs))
+        self.limits.texts([a for a, _ in pairs])
+        for index, (_, b) in enumerate(pairs):
+            if b is not None:
+                try:
+                    self.limits.texts([b])
+                except InvalidInputError as exc:
+                    exc.index = index
+                    raise
+        pipeline = await self._resolve(meta, TextClassifier, model)
+        with pipeline.leased():
+            k = len(pipeline.labels) if top_k is None else top_k
+            return await self._answer(
+                meta,
+                pipeline,
+                {"pairs": [list(pair) for pair in pairs], "top_k": k, **truncation.key},
+                Classification,
+                cache,
+                lambda m: pipeline.classify_pairs(pairs, k, truncation, m),
             )
 
     async def classify_images(
         self,
+        meta: RequestMeta,
         images: Sequence[bytes],
         top_k: int | None = None,
         model: str | None = None,
@@ -360,21 +483,23 @@ class InferenceService:
         self.limits.items(len(images))
         self.limits.images(images)
         self._one_input(len(images), attention)
-        pipeline = await self._resolve(ImageClassifier, model)
+        pipeline = await self._resolve(meta, ImageClassifier, model)
         with pipeline.leased():
             k = len(pipeline.labels) if top_k is None else top_k
             return await self._with_attention(
+                meta,
                 pipeline,
                 attention,
                 images,
                 {"images": [blob_digest(image) for image in images], "top_k": k},
                 Classification,
                 cache,
-                lambda: pipeline.classify(images, k),
+                lambda m: pipeline.classify(images, k, m),
             )
 
     async def answer(
         self,
+        meta: RequestMeta,
         pairs: Sequence[tuple[str, str]],
         model: str | None = None,
         cache: CacheControl = USE_CACHE,
@@ -383,71 +508,96 @@ class InferenceService:
         """``pairs``: (question, context); errors name ``inputs`` (the questions) or ``contexts``."""
         self._texts([q for q, _ in pairs], attention)
         self.limits.texts([c for _, c in pairs], CONTEXTS)
-        pipeline = await self._resolve(QuestionAnswerer, model)
+        pipeline = await self._resolve(meta, QuestionAnswerer, model)
         with pipeline.leased():
             return await self._with_attention(
+                meta,
                 pipeline,
                 attention,
                 pairs,
                 {"pairs": [list(pair) for pair in pairs]},
                 Answer,
                 cache,
-                lambda: pipeline.answer(pairs),
+                lambda m: pipeline.answer(pairs, m),
             )
 
     async def entities(
         self,
+        meta: RequestMeta,
         texts: Sequence[str],
         model: str | None = None,
         cache: CacheControl = USE_CACHE,
         attention: AttentionQuery | None = None,
+        truncation: Truncation = CUT_RIGHT,
+        aggregation_strategy: str | None = None,
+        ignore_labels: Sequence[str] | None = None,
     ) -> Outcome[Entities]:
+        """``aggregation_strategy`` (none, simple, first, average, max) and ``ignore_labels`` (default
+        ["O"]) as transformers' pipeline defines them; with neither, the model's own grouping, unchanged."""
         self._texts(texts, attention)
-        pipeline = await self._resolve(EntityTagger, model)
+        if aggregation_strategy is not None and aggregation_strategy not in STRATEGIES:
+            raise InvalidInputError(
+                f"unknown aggregation {aggregation_strategy!r}; one of {', '.join(STRATEGIES)}",
+                "aggregation_strategy",
+                "unknown_aggregation",
+            )
+        if ignore_labels is not None and (
+            not isinstance(ignore_labels, list | tuple) or not all(isinstance(x, str) for x in ignore_labels)
+        ):
+            raise InvalidInputError("must be a list of labels (strings)", "ignore_labels", "type_error")
+        pipeline = await self._resolve(meta, EntityTagger, model)
         with pipeline.leased():
+            aggregation = None
+            if aggregation_strategy is not None or ignore_labels is not None:
+                labels = ("O",) if ignore_labels is None else tuple(ignore_labels)
+                aggregation = Aggregation(aggregation_strategy or pipeline.default_aggregation, labels)
             return await self._with_attention(
+                meta,
                 pipeline,
                 attention,
                 texts,
-                {"texts": list(texts)},
+                {"texts": list(texts), **truncation.key, **(aggregation.key if aggregation else {})},
                 Entities,
                 cache,
-                lambda: pipeline.tag(texts),
+                lambda m: pipeline.tag(texts, truncation, aggregation, m),
             )
 
     async def _with_attention(
         self,
+        meta: RequestMeta,
         pipeline: Any,
         attention: AttentionQuery | None,
         inputs: Sequence[Any],
         request: dict[str, Any],
         result_type: type[R],
         cache: CacheControl,
-        compute: Callable[[], Awaitable[Outcome[R]]],
+        compute: Compute[R],
     ) -> Outcome[R]:
         """The answer, through the cache; with ``attention``, the attention step after it, uncached."""
         if attention is None:
-            return await self._answer(pipeline, request, result_type, cache, compute)
+            return await self._answer(meta, pipeline, request, result_type, cache, compute)
         return await attention_step.with_attention(
             pipeline,
             attention,
             inputs[0],
             self.limits.attention_max_tokens,
             # the rule: a request with return_attention never reads nor writes the response cache
-            lambda: self._answer(pipeline, request, result_type, BYPASS, compute),
+            lambda: self._answer(meta, pipeline, request, result_type, BYPASS, compute),
         )
 
     async def embed(
         self,
+        meta: RequestMeta,
         texts: Sequence[str],
         normalize: bool = True,
         model: str | None = None,
         cache: CacheControl = USE_CACHE,
         dimensions: int | None = None,
+        truncation: Truncation = CUT_RIGHT,
     ) -> Outcome[Embedding]:
         """``dimensions``, when given, must be the model's own (its embeddings were not trained to be cut)."""
         self._texts(texts)
-        pipeline = await self._resolve(SentenceEmbedder, model)
+        pipeline = await self._resolve(meta, SentenceEmbedder, model)
         with pipeline.leased():
             if dimensions is not None and dimensions != pipeline.dimensions:
                 raise InvalidInputError(
@@ -457,17 +607,105 @@ class InferenceService:
                     "unsupported",
                 )
             return await self._answer(
+                meta,
                 pipeline,
-                {"texts": list(texts), "normalize": normalize},
+                {"texts": list(texts), "normalize": normalize, **truncation.key},
                 Embedding,
                 cache,
-                lambda: pipeline.embed(texts, normalize),
+                lambda m: pipeline.embed(texts, normalize, truncation, m),
             )
+
+    async def score(
+        self,
+        meta: RequestMeta,
+        pairs: Sequence[tuple[str, str]],
+        model: str | None = None,
+        cache: CacheControl = USE_CACHE,
+        truncation: Truncation = CUT_RIGHT,
+    ) -> Outcome[Score]:
+        """One score per (query, document) pair, in order (rerank, score): by a model that scores pairs
+        when one is named or serves the task, else by the embedder's cosine (``pipelines/score.py``).
+        At most MAX_ITEMS pairs; errors name ``queries`` or ``documents`` with the pair's index."""
+        self.limits.documents(len(pairs))
+        self.limits.texts([q for q, _ in pairs], QUERIES)
+        self.limits.texts([d for _, d in pairs], DOCUMENTS)
+        scorer = await self._scorer(meta, model)
+        with scorer.leased():
+            return await self._answer(
+                meta,
+                scorer,
+                {"pairs": [list(pair) for pair in pairs], "scored_by": scorer.scored_by, **truncation.key},
+                Score,
+                cache,
+                lambda m: scorer.score(pairs, truncation, m),
+            )
+
+    async def _scorer(self, meta: RequestMeta, model: str | None) -> PairScorer:
+        """The named model, or the rerank task's default, as a scorer of pairs; with neither, the default
+        embedder, scoring by cosine. A model of another task is refused (naming ``model``)."""
+        self.check_ready()
+        by_cosine = model is None and RERANK not in self.registry.defaults
+        await self.resident(meta, model, SentenceEmbedder.task if by_cosine else RERANK)
+        if by_cosine:
+            pipeline: ModelPipeline = self.registry.resolve(SentenceEmbedder, None, meta)
+        elif model is None:
+            pipeline = self.registry.resolve_task(RERANK, None, meta)
+        else:
+            pipeline = self.registry.get(model, meta=meta)
+        self._allowed(meta, pipeline.name)
+        if isinstance(pipeline, PairScorer):
+            return pipeline
+        if isinstance(pipeline, SentenceEmbedder):
+            return CosineScorer(pipeline)
+        raise TaskMismatchError(pipeline.name, pipeline.task, f"{RERANK} (or {SentenceEmbedder.task})")
+
+    # --- tokens ---------------------------------------------------------------------------
+
+    async def _tokenizer_of(
+        self, meta: RequestMeta, model: str | None, task: str | None
+    ) -> tuple[ServedModel, Tokenizer]:
+        """The model's own tokenizer (``model``, or ``task``'s default); a model without one (the image
+        classifier) is refused, naming ``model``."""
+        self.check_ready()
+        served = await self.served(meta, model, task)
+        if served.loaded.tokenizer is None:
+            raise InvalidInputError(
+                f"model {served.name!r} reads images and has no tokenizer", "model", "no_tokenizer"
+            )
+        return served, served.loaded.tokenizer
+
+    async def tokenize(
+        self,
+        meta: RequestMeta,
+        texts: Sequence[str],
+        model: str | None = None,
+        task: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> tuple[ServedModel, list[list[Token]]]:
+        """Each text's tokens by the model's tokenizer (every token: no truncation), at most MAX_ITEMS texts
+        within MAX_TEXT_CHARS; not cached, not charged (no model runs)."""
+        self._texts(texts)
+        served, tokenizer = await self._tokenizer_of(meta, model, task)
+        return served, tokens_of(tokenizer, texts, add_special_tokens)
+
+    async def detokenize(
+        self,
+        meta: RequestMeta,
+        rows: Sequence[Sequence[int]],
+        model: str | None = None,
+        task: str | None = None,
+        skip_special_tokens: bool = True,
+    ) -> tuple[ServedModel, list[str]]:
+        """Each row of token ids as text by the model's tokenizer (at most MAX_ITEMS rows)."""
+        self.limits.items(len(rows))
+        served, tokenizer = await self._tokenizer_of(meta, model, task)
+        return served, decoded(tokenizer, rows, skip_special_tokens)
 
     # --- any task, in its contract's terms ------------------------------------------------
 
     async def infer(
         self,
+        meta: RequestMeta,
         model: str,
         inputs: Mapping[str, Sequence[Any]],
         parameters: Mapping[str, Any],
@@ -478,26 +716,35 @@ class InferenceService:
         input names (texts, or image bytes), ``parameters`` by the core's names. The tensor doors (v2 over
         HTTP and gRPC) come in here; errors name ``inputs`` (``contexts`` for a second input) and the core's
         parameters, as the task methods' do."""
-        await self.resident(model)
-        task = self.model(model).task
-        return await _BY_TASK[task](self, model, inputs, dict(parameters), cache, request_id)
+        await self.resident(meta, model)
+        task = self.model(meta, model).task
+        return await _BY_TASK[task](self, meta, model, inputs, dict(parameters), cache, request_id)
 
     # --- generation -----------------------------------------------------------------------
 
     async def _generation(
-        self, prompts: Sequence[str], params: SamplingParams, model: str | None, choices: int
+        self,
+        meta: RequestMeta,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        model: str | None,
+        choices: int,
+        choices_field: str = "n",
     ) -> tuple[Generator, SamplingParams]:
-        """Readiness, limits and the default length, then the model."""
+        """Readiness, limits and the default length, then the model (``choices_field``: the parameter that
+        asked for ``choices`` sequences per prompt, named when they cannot fit the queue)."""
         self._texts(prompts)
+        self.limits.sequences(len(prompts), choices, choices_field)
         self.limits.new_tokens(params.max_new_tokens)
         if params.max_new_tokens is None:
             default = min(DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
             params = dataclasses.replace(params, max_new_tokens=default)
         self.limits.generation_budget(len(prompts) * choices, params.max_new_tokens)
-        return await self._resolve(Generator, model), params
+        return await self._resolve(meta, Generator, model), params
 
     async def generate(
         self,
+        meta: RequestMeta,
         prompts: Sequence[str],
         params: SamplingParams,
         model: str | None = None,
@@ -519,16 +766,22 @@ class InferenceService:
         asked = params
         if ranked and params.logprobs is None:
             params = dataclasses.replace(params, logprobs=0)  # each token's own logprob, for the ranking
-        pipeline, params = await self._generation(prompts, params, model, run)
+        pipeline, params = await self._generation(
+            meta, prompts, params, model, run, "best_of" if ranked else "n"
+        )
         with pipeline.leased():
+
+            def abandoned(usage: Usage) -> None:
+                self._charge_abandoned(meta, usage)
 
             def one(choice: SamplingParams) -> Awaitable[Outcome[Generation]]:
                 return self._answer(
+                    meta,
                     pipeline,
                     {"prompts": list(prompts), **asdict(choice)},
                     Generation,
                     cache if choice.is_deterministic else BYPASS,
-                    lambda: pipeline.generate(prompts, choice, request_id, self._charge_abandoned),
+                    lambda m: pipeline.generate(prompts, choice, request_id, abandoned, m),
                 )
 
             if run == 1:  # no extra task: the sequences reach the engine as early as possible
@@ -554,6 +807,7 @@ class InferenceService:
 
     async def chat_prompt(
         self,
+        meta: RequestMeta,
         messages: Sequence[Mapping[str, Any]],
         model: str | None = None,
         add_generation_prompt: bool = True,
@@ -562,11 +816,12 @@ class InferenceService:
         """A chat's messages as one prompt, by the model's chat template (then ``generate`` or
         ``open_streams`` it); InvalidInputError naming ``model`` when it has none, ``messages`` or a
         ``chat_template_kwargs`` key when the template cannot take them."""
-        pipeline = await self._resolve(Generator, model)
-        return pipeline.chat_prompt(messages, add_generation_prompt, template_kwargs or {})
+        pipeline = await self._resolve(meta, Generator, model)
+        return await pipeline.chat_prompt(messages, add_generation_prompt, template_kwargs or {})
 
     async def open_streams(
         self,
+        meta: RequestMeta,
         prompts: Sequence[str],
         params: SamplingParams,
         model: str | None = None,
@@ -575,7 +830,8 @@ class InferenceService:
     ) -> GenerationStreams:
         """Live token streams, ``choices`` per prompt (prompt-major), all admitted or none. Never cached: a
         stream's point is tokens as the model makes them. The caller cancels them if it stops reading."""
-        pipeline, params = await self._generation(prompts, params, model, choices)
+        pipeline, params = await self._generation(meta, prompts, params, model, choices)
+        traced = meta.traced(spans.current_context())  # the streams' engine spans: children of the caller's
         with pipeline.leased():
             opened: list[OpenStream] = []
             try:
@@ -583,7 +839,7 @@ class InferenceService:
                     for c in range(choices):
                         try:
                             opened.append(
-                                await pipeline.open_stream(prompt, params.for_choice(c), request_id)
+                                await pipeline.open_stream(prompt, params.for_choice(c), request_id, traced)
                             )
                         except InvalidInputError as exc:
                             exc.index = index
@@ -592,7 +848,9 @@ class InferenceService:
                 for stream in opened:
                     stream.cancel()
                 raise
-            return GenerationStreams(pipeline.name, pipeline.model.version, opened, choices, self._charge)
+            return GenerationStreams(
+                pipeline.name, pipeline.model.version, opened, choices, functools.partial(self._charge, meta)
+            )
 
 
 def _best(results: list[Generation], run: int, keep: int, keep_logprobs: bool) -> list[Generation]:
@@ -608,26 +866,49 @@ def _best(results: list[Generation], run: int, keep: int, keep_logprobs: bool) -
     return kept
 
 
+def _truncation(p: Mapping[str, Any]) -> Truncation:
+    """A tensor door's ``truncate`` and ``truncation_direction`` as the pipelines' ``Truncation``."""
+    side = p.get("truncation_direction", "right")
+    if not isinstance(side, str) or side.lower() not in ("left", "right"):
+        raise InvalidInputError("must be left or right", "truncation_direction", "out_of_range")
+    cut = p.get("truncate")
+    if cut is None and side.lower() == "right":
+        return CUT_RIGHT
+    return Truncation(cut is not False, "left" if side.lower() == "left" else "right")
+
+
 _TaskCall = Callable[
-    [InferenceService, str, Mapping[str, Sequence[Any]], dict[str, Any], CacheControl, str],
+    [InferenceService, RequestMeta, str, Mapping[str, Sequence[Any]], dict[str, Any], CacheControl, str],
     Awaitable[Outcome[Any]],
 ]
 
 # task -> its method, from the contract's inputs (by name) and the core's parameters (``infer``)
 _BY_TASK: dict[str, _TaskCall] = {
-    TextClassifier.task: lambda core, m, i, p, cache, rid: core.classify_texts(i["text"], None, m, cache),
-    ImageClassifier.task: lambda core, m, i, p, cache, rid: core.classify_images(i["image"], None, m, cache),
-    QuestionAnswerer.task: lambda core, m, i, p, cache, rid: core.answer(
-        list(zip(i["question"], i["context"], strict=True)), m, cache
+    TextClassifier.task: lambda core, meta, m, i, p, cache, rid: core.classify_texts(
+        meta, i["text"], None, m, cache, truncation=_truncation(p)
     ),
-    EntityTagger.task: lambda core, m, i, p, cache, rid: core.entities(i["text"], m, cache),
-    SentenceEmbedder.task: lambda core, m, i, p, cache, rid: core.embed(
-        i["text"], p.get("normalize", True), m, cache
+    ImageClassifier.task: lambda core, meta, m, i, p, cache, rid: core.classify_images(
+        meta, i["image"], None, m, cache
     ),
-    Translator.task: lambda core, m, i, p, cache, rid: core.translate(
-        i["text"], decoding_params(**p), m, cache
+    QuestionAnswerer.task: lambda core, meta, m, i, p, cache, rid: core.answer(
+        meta, list(zip(i["question"], i["context"], strict=True)), m, cache
     ),
-    Generator.task: lambda core, m, i, p, cache, rid: core.generate(
-        i["prompt"], sampling_params(**p), m, cache, rid
+    EntityTagger.task: lambda core, meta, m, i, p, cache, rid: core.entities(
+        meta,
+        i["text"],
+        m,
+        cache,
+        truncation=_truncation(p),
+        aggregation_strategy=p.get("aggregation_strategy"),
+        ignore_labels=p.get("ignore_labels"),
+    ),
+    SentenceEmbedder.task: lambda core, meta, m, i, p, cache, rid: core.embed(
+        meta, i["text"], p.get("normalize", True), m, cache, truncation=_truncation(p)
+    ),
+    Translator.task: lambda core, meta, m, i, p, cache, rid: core.translate(
+        meta, i["text"], decoding_params(**p), m, cache
+    ),
+    Generator.task: lambda core, meta, m, i, p, cache, rid: core.generate(
+        meta, i["prompt"], sampling_params(**p), m, cache, rid
     ),
 }

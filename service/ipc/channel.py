@@ -8,11 +8,19 @@ small array (a request's logits) is copied into the pickle: a frame costs more t
 ``Outbox`` gathers a turn of the event loop's envelopes for one peer and sends them as one ``Batch`` at the
 end of the turn (``loop.call_soon``): a front end's requests of a turn, an engine step's tokens for one
 front end, in one message.
+
+Nothing is lost silently. The request sockets queue without a high-water mark (``unbounded``): the bound is
+the engine's queue (MAX_QUEUE_SIZE, checked as it admits) and each request's own bound at the front end,
+not ZeroMQ dropping a reply at its default of 1,000 messages. A batch that cannot be encoded, or a send
+that fails, hands each of its envelopes to the outbox's ``on_unsendable``, which fails that one request.
+A received message that cannot be decoded raises ``BadMessage`` with the envelopes it could read, so the
+receiver fails those requests and keeps its loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pickle
 import tempfile
@@ -24,6 +32,8 @@ import msgspec
 import zmq
 
 from .messages import Batch, Broadcast, Envelope
+
+log = logging.getLogger(__name__)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_batch = msgspec.msgpack.Decoder(Batch).decode
@@ -64,12 +74,37 @@ def encode_batch(envelopes: list[Envelope], values: list[Any]) -> list[Frame]:
     return [_encode(Batch(envelopes)), *(pack(values) if values else [])]
 
 
+class BadMessage(Exception):
+    """A received message that could not be decoded: ``envelopes`` are those that could be read (their
+    requests fail; none when the head itself was unreadable)."""
+
+    def __init__(self, envelopes: list[Envelope], cause: BaseException) -> None:
+        super().__init__(f"a message that could not be decoded: {type(cause).__name__}: {str(cause)[:200]}")
+        self.envelopes = envelopes
+
+
 def decode_batch(parts: Sequence[Frame]) -> list[tuple[Envelope, Any]]:
-    """Each envelope of a received ``Batch`` with its payload's value (None: it has none)."""
+    """Each envelope of a received ``Batch`` with its payload's value (None: it has none); ``BadMessage``
+    if the message is not one."""
+    if not parts:
+        raise BadMessage([], ValueError("an empty message"))
     head = parts[0]
-    batch = _decode_batch(head.bytes if isinstance(head, zmq.Frame) else head)  # type: ignore[arg-type]
-    values = unpack(parts[1:]) if len(parts) > 1 else []
-    return [(e, values[e.payload] if e.payload >= 0 else None) for e in batch.envelopes]
+    try:
+        batch = _decode_batch(head.bytes if isinstance(head, zmq.Frame) else head)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise BadMessage([], exc) from exc
+    try:
+        values = unpack(parts[1:]) if len(parts) > 1 else []
+        return [(e, values[e.payload] if e.payload >= 0 else None) for e in batch.envelopes]
+    except Exception as exc:
+        raise BadMessage(list(batch.envelopes), exc) from exc
+
+
+def unbounded(socket: zmq.Socket[Any]) -> None:
+    """No high-water mark either way, and nothing kept after close (module docstring: where the bound is)."""
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.LINGER, 0)
 
 
 def encode_broadcast(message: Broadcast) -> bytes:
@@ -80,12 +115,17 @@ def decode_broadcast(data: bytes) -> Broadcast:
     return _decode_broadcast(data)  # type: ignore[no-any-return]
 
 
+Unsendable = Callable[[Envelope, BaseException], None]
+
+
 class Outbox:
     """One peer's envelopes of this turn of the loop, and their payloads, sent as one message once the turn
-    ends: the payloads pickled together once."""
+    ends: the payloads pickled together once. ``send`` raises, or returns a future that fails, when the
+    message could not be sent; ``on_unsendable`` then hears of each envelope that did not go."""
 
-    def __init__(self, send: Callable[[list[Frame]], None]) -> None:
+    def __init__(self, send: Callable[[list[Frame]], Any], on_unsendable: Unsendable) -> None:
         self._send = send
+        self._on_unsendable = on_unsendable
         self._envelopes: list[Envelope] = []
         self._values: list[Any] = []
         self._scheduled = False
@@ -106,7 +146,45 @@ class Outbox:
             return
         envelopes, values = self._envelopes, self._values
         self._envelopes, self._values = [], []
-        self._send(encode_batch(envelopes, values))
+        try:
+            frames = encode_batch(envelopes, values)
+        except Exception:  # one payload that does not pickle: the others go, one message each
+            for envelope in envelopes:
+                self._send_alone(envelope, values)
+            return
+        self._deliver(frames, envelopes)
+
+    def _send_alone(self, envelope: Envelope, values: list[Any]) -> None:
+        has_value = envelope.payload >= 0
+        value = values[envelope.payload] if has_value else None
+        if has_value:
+            envelope.payload = 0
+        try:
+            frames = encode_batch([envelope], [value] if has_value else [])
+        except Exception as exc:
+            self._unsendable([envelope], exc)
+            return
+        self._deliver(frames, [envelope])
+
+    def _deliver(self, frames: list[Frame], envelopes: list[Envelope]) -> None:
+        try:
+            sent = self._send(frames)
+        except Exception as exc:
+            self._unsendable(envelopes, exc)
+            return
+        if isinstance(sent, asyncio.Future):  # zmq.asyncio: done at once without a high-water mark
+            sent.add_done_callback(lambda f: self._sent(f, envelopes))
+
+    def _sent(self, future: asyncio.Future[Any], envelopes: list[Envelope]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self._unsendable(envelopes, future.exception())  # type: ignore[arg-type]
+
+    def _unsendable(self, envelopes: list[Envelope], exc: BaseException) -> None:
+        for envelope in envelopes:
+            try:
+                self._on_unsendable(envelope, exc)
+            except Exception:  # the loop that flushes must go on whatever a handler does
+                log.exception("handling an unsendable %s", type(envelope).__name__)
 
 
 def ipc_folder() -> Path:

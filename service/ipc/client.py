@@ -7,6 +7,13 @@ socket it learns what serves (``Models``, handed to ``on_models``) and that the 
 (``Heartbeat``): an engine silent for ``ENGINE_SILENT_S`` (killed, crashed, or being restarted by the
 supervisor) is down: every request and stream in flight fails with 503 and Retry-After, and readiness
 is false until a heartbeat of the new engine arrives.
+
+Every request waits for its answer within a bound: its own deadline and a grace, or ``REPLY_BOUND_S``.
+Past it, the request fails with 503 and the engine is told to abort it, as it is for every request in
+flight when the engine is judged gone. A message that cannot be read fails the requests it names and the
+loop goes on; a receive loop that stops for any other reason turns readiness to 503. A stall of this
+front end's own loop (a blocked callback) is not the engine's silence: the heartbeats that arrived
+meanwhile are read before the engine is judged.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from service.engine.scheduling import LOW
 from service.errors import ModelUnavailableError
 from service.process import alive
 
-from .channel import Frame, Outbox, decode_batch, decode_broadcast, endpoints
+from .channel import BadMessage, Frame, Outbox, decode_batch, decode_broadcast, endpoints, unbounded
 from .messages import (
     ENGINE_SILENT_S,
     Abort,
@@ -50,8 +57,17 @@ from .messages import (
 log = logging.getLogger(__name__)
 
 
+REPLY_BOUND_S = 600.0  # how long a request without a deadline waits for the engine's answer at most
+DEADLINE_GRACE_S = 2.0  # past a request's own deadline, how long the engine's own answer is awaited
+STALLED_S = ENGINE_SILENT_S / 4  # a watcher tick this late: this front end's own loop stalled
+
+
 def engine_gone() -> ModelUnavailableError:
     return ModelUnavailableError("the engine process is restarting; retry shortly", retry_after_s=1)
+
+
+def _unanswered(why: str) -> ModelUnavailableError:
+    return ModelUnavailableError(f"{why}; retry shortly", retry_after_s=1)
 
 
 class EngineClient:
@@ -64,8 +80,9 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, GenerationStream] = {}
-        self._outbox = Outbox(self._send)
+        self._outbox = Outbox(self._send, self._unsendable)
         self._tasks: list[asyncio.Task[None]] = []
+        self.broken = ""  # the receive loop that stopped, if one did: readiness stays 503
         self.epoch = 0.0  # the engine process's start (a new one: the old one died)
         self.engine_pid = 0
         self.last_heard = 0.0
@@ -77,16 +94,27 @@ class EngineClient:
 
     async def start(self) -> None:
         requests, broadcast = endpoints(self.folder)
-        self._dealer.setsockopt(zmq.LINGER, 0)
+        unbounded(self._dealer)
         self._dealer.connect(requests)
+        self._sub.setsockopt(zmq.LINGER, 0)  # broadcasts keep ZeroMQ's bound: each is sent again soon
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub.connect(broadcast)
-        self._tasks = [
-            asyncio.ensure_future(self._receive()),
-            asyncio.ensure_future(self._listen()),
-            asyncio.ensure_future(self._watch()),
-        ]
+        self._tasks = []
+        for name, loop in (("receive", self._receive), ("listen", self._listen), ("watch", self._watch)):
+            task = asyncio.ensure_future(loop())
+            task.add_done_callback(lambda task, name=name: self._stopped(name, task))  # type: ignore[misc]
+            self._tasks.append(task)
         self._hello()
+
+    def _stopped(self, name: str, task: asyncio.Task[None]) -> None:
+        """A loop that ends other than by ``stop``: this front end can no longer tell what the engine says."""
+        if task.cancelled():
+            return
+        log.error("the front end's %s loop stopped (%r): readiness is 503 from now", name, task.exception())
+        self.broken = name
+        if self.up:
+            self._set_up(False)
+        self._fail_all()
 
     def _hello(self) -> None:
         self._outbox.put(Hello(os.getpid()))
@@ -117,29 +145,52 @@ class EngineClient:
         """High- and normal-priority items waiting in the engine's queues, as it last published them."""
         return sum(n for by_class in self.depth.values() for c, n in by_class.items() if c < LOW)
 
-    def _send(self, frames: list[Frame]) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self._dealer.send_multipart(frames, copy=False)
+    def _send(self, frames: list[Frame]) -> Any:
+        return self._dealer.send_multipart(frames, copy=False)
+
+    def _unsendable(self, envelope: Envelope, exc: BaseException) -> None:
+        log.error("a %s could not be sent to the engine: %r", type(envelope).__name__, exc)
+        if isinstance(envelope, Submit | Generate | Call):
+            future = self._pending.get(envelope.id)
+            if future is not None and not future.done():
+                future.set_exception(_unanswered("the request could not be sent to the engine process"))
 
     def _put(self, envelope: Envelope, value: Any = None) -> None:
         self._outbox.put(envelope, value)
 
     # --- requests ----------------------------------------------------------------------------------------
 
-    def _future(self) -> tuple[int, asyncio.Future[Any]]:
+    def _future(self, deadline: float | None = None) -> tuple[int, asyncio.Future[Any]]:
+        """A new request's id and the future its answer sets, failed (and the engine told to abort it) if
+        no answer comes within its bound: ``deadline`` and a grace, else ``REPLY_BOUND_S``."""
         if not self.up:
             raise engine_gone()
         request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending[request_id] = future
+        bound = (
+            REPLY_BOUND_S if deadline is None else max(0.0, deadline - time.monotonic()) + DEADLINE_GRACE_S
+        )
+        timer = loop.call_later(bound, self._unanswered_within, request_id, bound)
+        future.add_done_callback(lambda _: timer.cancel())
         return request_id, future
+
+    def _unanswered_within(self, request_id: int, bound: float) -> None:
+        future = self._pending.get(request_id)
+        if future is not None and not future.done():
+            log.error(
+                "request %d had no answer from the engine within %.1f s: aborting it", request_id, bound
+            )
+            future.set_exception(_unanswered(f"the engine process gave no answer within {bound:.0f} s"))
+            self._put(Abort([], [request_id]))
 
     async def submit(
         self, model: str, version: str, items: Sequence[Any], costs: Sequence[int], asked: Asked
     ) -> list[Any]:
         """One request's items through the engine's dynamic batcher for ``model`` ``version``: their results
         in order, or the error the engine raised. Cancelled, it withdraws its items still queued."""
-        request_id, future = self._future()
+        request_id, future = self._future(asked.deadline)
         self._put(Submit(request_id, model, version, list(costs), asked), list(items))
         try:
             return await future  # type: ignore[no-any-return]
@@ -154,7 +205,7 @@ class EngineClient:
     ) -> list[GenerationStream]:
         """Sequences queued in the engine's continuous batching, all or none (the engine's refusal is this
         call's error, as it is in one process); their streams, fed as the engine's steps come back."""
-        request_id, future = self._future()
+        request_id, future = self._future(asked.deadline)
         streams = []
         for request in requests:
             stream_id = next(self._ids)
@@ -197,29 +248,60 @@ class EngineClient:
     async def _receive(self) -> None:
         while True:
             parts = await self._dealer.recv_multipart(copy=False)
-            for envelope, payload in decode_batch(parts):
-                if isinstance(envelope, Token):
-                    stream = self._streams.get(envelope.stream)
-                    if stream is not None:
-                        stream._push(TokenEvent(envelope.index, envelope.token_id, envelope.text, payload))
-                elif isinstance(envelope, Ended):
-                    stream = self._streams.pop(envelope.stream, None)
-                    if stream is not None:
-                        if envelope.ok:
-                            stream._finish(payload)
-                        else:
-                            stream._fail(payload)
-                elif isinstance(envelope, Reply):
-                    future = self._pending.get(envelope.id)
-                    if future is not None and not future.done():
-                        if envelope.ok:
-                            future.set_result(payload)
-                        else:
-                            future.set_exception(payload)
+            try:
+                received = decode_batch(parts)
+            except BadMessage as bad:
+                log.error("%s from the engine: failing the %d request(s) it names", bad, len(bad.envelopes))
+                for envelope in bad.envelopes:
+                    self._fail(envelope, _unanswered("the engine's answer could not be read"))
+                continue
+            for envelope, payload in received:
+                try:
+                    self._take(envelope, payload)
+                except Exception as exc:  # one answer that cannot be taken fails its request, not the loop
+                    log.exception("taking the engine's %s", type(envelope).__name__)
+                    self._fail(envelope, _unanswered(f"the engine's answer could not be taken ({exc!r})"))
+
+    def _take(self, envelope: Envelope, payload: Any) -> None:
+        if isinstance(envelope, Token):
+            stream = self._streams.get(envelope.stream)
+            if stream is not None:
+                stream._push(TokenEvent(envelope.index, envelope.token_id, envelope.text, payload))
+        elif isinstance(envelope, Ended):
+            stream = self._streams.pop(envelope.stream, None)
+            if stream is not None:
+                if envelope.ok:
+                    stream._finish(payload)
+                else:
+                    stream._fail(payload)
+        elif isinstance(envelope, Reply):
+            future = self._pending.get(envelope.id)
+            if future is not None and not future.done():
+                if envelope.ok:
+                    future.set_result(payload)
+                else:
+                    future.set_exception(payload)
+
+    def _fail(self, envelope: Envelope, error: BaseException) -> None:
+        """The request or stream an answer that could not be read belongs to fails with ``error``."""
+        if isinstance(envelope, Token | Ended):
+            stream = self._streams.pop(envelope.stream, None)
+            if stream is not None:
+                stream._fail(error)
+                self._put(Abort([envelope.stream], []))
+        elif isinstance(envelope, Reply):
+            future = self._pending.get(envelope.id)
+            if future is not None and not future.done():
+                future.set_exception(error)
 
     async def _listen(self) -> None:
         while True:
-            message = decode_broadcast(await self._sub.recv())
+            data = await self._sub.recv()
+            try:
+                message = decode_broadcast(data)
+            except Exception as exc:  # the next one is as good: broadcasts are sent again and again
+                log.error("a broadcast from the engine that could not be read: %r", exc)
+                continue
             if isinstance(message, Heartbeat):
                 self.last_heard = time.monotonic()
                 self.depth = message.depth
@@ -228,8 +310,12 @@ class EngineClient:
                         log.warning("a new engine process (%d) is serving", message.pid)
                         self._hello()  # the new engine learns this front end's pid
                     self.epoch, self.engine_pid = message.epoch, message.pid
-                if message.ready and not self.up and self._models_seen:
+                if message.ready and not self.up and self._models_seen and not self.broken:
                     self._set_up(True)
+                elif not message.ready and self.up:  # its own loop stopped, or it is closing
+                    log.error("the engine says it is not ready: failing what waits on it")
+                    self._set_up(False)
+                    self._fail_all()
             elif isinstance(message, Models):
                 self.on_models(message)
                 self._models_seen = message.number
@@ -237,9 +323,17 @@ class EngineClient:
     _models_seen = 0
 
     async def _watch(self) -> None:
+        period = ENGINE_SILENT_S / 4
         while True:
-            await asyncio.sleep(ENGINE_SILENT_S / 4)
-            silent = self.last_heard and time.monotonic() - self.last_heard > ENGINE_SILENT_S
+            slept = time.monotonic()
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            if now - slept - period > STALLED_S:
+                # this loop was blocked: the heartbeats that came meanwhile wait unread in the socket, and
+                # are read before the engine is judged (the next tick)
+                log.warning("this front end's event loop stalled for %.1f s", now - slept - period)
+                continue
+            silent = self.last_heard and now - self.last_heard > ENGINE_SILENT_S
             if self.up and (silent or (self.engine_pid and not alive(self.engine_pid))):
                 log.error("the engine process stopped answering: failing what waits on it")
                 self._set_up(False)
@@ -252,9 +346,14 @@ class EngineClient:
         self._up_changed.set()
 
     def _fail_all(self) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(engine_gone())
+        """Every request and stream in flight fails with 503; the engine, if it still reads, aborts them
+        (a new engine ignores ids it never had)."""
+        requests = [request_id for request_id, future in self._pending.items() if not future.done()]
+        for request_id in requests:
+            self._pending[request_id].set_exception(engine_gone())
+        streams = list(self._streams)
         for stream in list(self._streams.values()):
             stream._fail(engine_gone())
         self._streams.clear()
+        if requests or streams:
+            self._put(Abort(streams, requests))

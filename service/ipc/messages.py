@@ -34,6 +34,7 @@ class Asked(msgspec.Struct, array_like=True, frozen=True):
     deadline: float | None  # time.monotonic() past which the client no longer wants the answer
     trace: dict[str, str] | None = None  # traceparent / tracestate, when the request is traced
     key: str | None = None  # the caller's key id (API_KEYS_FILE), for the engine's logs
+    most_urgent: int = 0  # the class aging may lift its waiting work to: its key's ceiling (0: high)
 
 
 # --- front end -> engine -------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from typing import Literal, cast
 from service.engine.repository import LoadedModel, load_view
 from service.engine.versions import VersionFolder
 from service.errors import ModelNotFoundError
-from service.inference.models import ServedModel
 from service.models.registry import ModelRegistry
+from service.models.served import ServedModel
 from service.models.states import ModelState
 from service.observe.metrics import Metrics
-from service.pipelines.base import BatchedPipeline, ModelPipeline
+from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
 from service.settings import Settings
 
@@ -99,13 +99,12 @@ class RemoteHost:
         self._views[key] = view
         return view
 
-    def attach(self, pipeline: ModelPipeline) -> None:
-        """Give a view pipeline the engine's workers in place of its own (``factory.build_pipeline``)."""
-        if isinstance(pipeline, BatchedPipeline):
-            pipeline.batcher = RemoteBatcher(self.client, pipeline.model, self.settings.max_queue_size)  # type: ignore[assignment]
-            pipeline.remote_compute = self._compute
+    # --- the workers a view pipeline is built with (pipelines/base.Workers) ---------------------------
 
-    async def _compute(self, pipeline: ModelPipeline, method: str, *args: object) -> object:
+    def batcher(self, model: LoadedModel) -> RemoteBatcher:
+        return RemoteBatcher(self.client, model, self.settings.max_queue_size)
+
+    async def compute(self, pipeline: ModelPipeline, method: str, *args: object) -> object:
         value, _ = await self.client.call("compute", pipeline.name, pipeline.model.version, method, args)
         return value
 

@@ -3,15 +3,16 @@
 A pipeline in a front end prepares its inputs (tokenizing, decoding images) and reads its outputs as in
 one process; only where it hands work to its model's worker does the work cross to the engine:
 
-- ``RemoteBatcher`` stands for a ``DynamicBatcher``: ``reserve`` refuses at once a request the engine's
-  queue has no room for, by the queue depths the engine publishes (the engine checks again, exactly, as
-  it queues); ``submit_all`` sends the items and awaits their results;
+- ``RemoteBatcher`` stands for a ``DynamicBatcher``: ``submit_all`` sends the items and awaits their
+  results. Whether they fit is decided in one place, the engine's queue, as it admits them: there a more
+  urgent request displaces less urgent work, exactly as in one process (a front end that refused by the
+  depths it last heard would refuse high priority where one process displaces low);
 - ``RemoteGenerationEngine`` stands for a ``GenerationEngine``: ``admit_all`` sends the requests and
   returns their streams once the engine has taken them, so a refusal is an ordinary error before any
   token; the grammars (structured output) and the vocabulary are checked here, as the pipeline asks.
 
-What crosses is explicit (``messages.Asked``): the request's priority class and deadline, its trace
-context, its key's id.
+What crosses is explicit (``messages.Asked``, from the ``RequestMeta`` each call is given): the request's
+priority class and deadline, its trace context, its key's id.
 """
 
 from __future__ import annotations
@@ -20,32 +21,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import propagate
-from opentelemetry.context import Context
 
-from service.context import current_key
-from service.engine import scheduling
-from service.engine.errors import BatcherClosedError, QueueFullError
+from service.engine.errors import BatcherClosedError
 from service.engine.generation_contract import GenerationRequest
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.structured_output import GrammarCompiler
 from service.engine.worker import Permit
-from service.observe import spans
+from service.metadata import ANONYMOUS, RequestMeta
 from service.settings import Settings
 
 from .client import EngineClient
 from .messages import Asked
 
 
-def asked(request: scheduling.Scheduling | None = None, trace: Context | None = None) -> Asked:
-    """What the current request carries, for the engine."""
-    request = scheduling.current() if request is None else request
-    trace = spans.current_context() if trace is None else trace
+def asked(meta: RequestMeta) -> Asked:
+    """What the request carries, for the engine."""
     carrier: dict[str, str] = {}
-    if trace is not None:
-        propagate.inject(carrier, context=trace)
-    key = current_key()
-    return Asked(request.priority, request.deadline, carrier or None, key.id if key is not None else None)
+    if meta.trace is not None:
+        propagate.inject(carrier, context=meta.trace)
+    request = meta.scheduling
+    return Asked(request.priority, request.deadline, carrier or None, meta.key_id, request.most_urgent)
 
 
 class _RemotePermit:
@@ -71,14 +67,11 @@ class _Worker:
         self.version = model.version
         self.max_queue_size = max_queue_size
 
-    def reserve(self, count: int) -> Permit:
-        """Refuse at once (``QueueFullError``) a request for which the engine's queue has no room now, by
-        the depths it last published (every quarter second); the engine checks again as it queues."""
+    def reserve(self, count: int, meta: RequestMeta = ANONYMOUS) -> Permit:
+        """Refuse at once only while the engine is away: room in its queue, and displacement, are the
+        engine's to decide as it admits the items (module docstring)."""
         if not self.client.up:
             raise BatcherClosedError(self.name, "the engine process is restarting")
-        waiting = sum(self.client.depth.get(self.name, {}).values())
-        if waiting + count > self.max_queue_size:
-            raise QueueFullError(self.name, waiting, 1)
         return _RemotePermit()  # type: ignore[return-value]
 
     async def start(self) -> None:
@@ -98,10 +91,9 @@ class RemoteBatcher(_Worker):
         items: Sequence[Any],
         costs: Sequence[int],
         permit: Permit | None = None,
-        request: scheduling.Scheduling | None = None,
-        trace: Context | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[Any]:
-        results = await self.client.submit(self.name, self.version, items, costs, asked(request, trace))
+        results = await self.client.submit(self.name, self.version, items, costs, asked(meta))
         if len(results) != len(items):
             raise RuntimeError(f"the engine answered {len(results)} results for {len(items)} items")
         return results
@@ -125,7 +117,6 @@ class RemoteGenerationEngine(_Worker):
         self,
         requests: Sequence[GenerationRequest],
         permit: Permit | None = None,
-        asked_for: scheduling.Scheduling | None = None,
-        trace: Context | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[GenerationStream]:
-        return await self.client.generate(self.name, self.version, requests, asked(asked_for, trace))
+        return await self.client.generate(self.name, self.version, requests, asked(meta))

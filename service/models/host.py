@@ -28,7 +28,7 @@ from service.errors import (
     ModelUnavailableError,
     ServiceError,
 )
-from service.inference.models import ServedModel
+from service.models.served import ServedModel
 from service.observe.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 from service.settings import Settings

@@ -21,12 +21,11 @@ from service.engine.repository import ModelLoadError, load_model, load_repositor
 from service.engine.runtime import RuntimeOptions
 from service.engine.versions import VersionFolder, VersionPolicyError, policy_of, version_folders
 from service.errors import InvalidInputError, ModelFolderNotFoundError, ModelLoadFailedError
+from service.models.registry import ModelRegistry
 from service.observe.metrics import Metrics
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import build_pipeline
 from service.settings import Settings
-
-from service.models.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from service.engine.manifest import MANIFEST
 from service.engine.versions import CONFIG
 from service.errors import ServiceError
-
 from service.models.loading import Loader
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from service.errors import (
     NoModelForTaskError,
     TaskMismatchError,
 )
+from service.metadata import ANONYMOUS, RequestMeta
 from service.pipelines.base import ModelPipeline
 from service.pipelines.factory import PIPELINES
 
@@ -87,14 +88,15 @@ class ModelRegistry:
     def default_for(self, name: str) -> list[str]:
         return sorted(task for task, n in self.defaults.items() if n == name)
 
-    def get(self, name: str, version: str | None = None) -> ModelPipeline:
+    def get(self, name: str, version: str | None = None, meta: RequestMeta = ANONYMOUS) -> ModelPipeline:
         """The loaded model ``name`` (or ``name@version``), whatever its task: its newest version, or the
-        one whose folder number or content hash is ``version``."""
+        one whose folder number or content hash is ``version``; to ``meta``'s caller, only a model its key
+        may use (the engine process's own lookups: any)."""
         if version is None and "@" in name:
             name, version = name.split("@", 1)
         versions = self.versions.get(name)
-        if versions is None:
-            raise ModelNotFoundError(name, list(self.versions))
+        if versions is None or not meta.may_see(name):  # a model the caller's key may not use: as if unknown
+            raise ModelNotFoundError(name, meta.visible(self.versions))
         # Request metrics and logs carry the model, also when the request fails later. Only loaded
         # names: a client's arbitrary string must not become a metric label.
         note_model(name)
@@ -106,20 +108,20 @@ class ModelRegistry:
         served = ", ".join(p.model.label or p.model.version for p in versions)
         raise ModelVersionNotFoundError(name, version, served)
 
-    def resolve_task(self, task: str, name: str | None) -> ModelPipeline:
+    def resolve_task(self, task: str, name: str | None, meta: RequestMeta = ANONYMOUS) -> ModelPipeline:
         """The model named ``name`` (default: ``task``'s default model), which must serve ``task``."""
         if name is None:
-            if task not in self.defaults:
+            if task not in self.defaults or not meta.may_see(self.defaults[task]):
                 raise NoModelForTaskError(task)
             name = self.defaults[task]
-        pipeline = self.get(name)
+        pipeline = self.get(name, meta=meta)
         if pipeline.task != task:
             raise TaskMismatchError(pipeline.name, pipeline.task, task)
         return pipeline
 
-    def resolve(self, kind: type[P], name: str | None) -> P:
+    def resolve(self, kind: type[P], name: str | None, meta: RequestMeta = ANONYMOUS) -> P:
         """The pipeline of type ``kind`` named ``name`` (default: the task's default model)."""
-        pipeline = self.resolve_task(kind.task, name)
+        pipeline = self.resolve_task(kind.task, name, meta)
         if not isinstance(pipeline, kind):
             raise TaskMismatchError(pipeline.name, pipeline.task, kind.task)
         return pipeline

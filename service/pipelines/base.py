@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast
 
@@ -23,12 +23,22 @@ from service.engine.batcher import BatcherObserver, BatchPolicy, DynamicBatcher
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.worker import Permit
+from service.metadata import ANONYMOUS, RequestMeta
 from service.observe.metrics import Metrics
 from service.settings import Settings
 
 from .attention import AttentionFeeds, AttentionMaps, Selection, wordpiece_labels
 from .contract import TaskContract
-from .text_inputs import EncodedText, encode_texts, feeds_for, pad_batch, preprocess, truncate
+from .text_inputs import (
+    CUT_RIGHT,
+    EncodedText,
+    Truncation,
+    encode_texts,
+    feeds_for,
+    pad_batch,
+    preprocess,
+    truncate,
+)
 
 Item = TypeVar("Item")
 Out = TypeVar("Out")
@@ -59,13 +69,18 @@ class Building:
 
 
 class Workers(Protocol):
-    """Where a front end's view pipelines send their models' work: the engine process (``service/ipc``)."""
+    """Where a front end's pipelines send their models' work: the engine process (``service/ipc``). A
+    pipeline is given them when it is built, and holds no model worker of its own; without them (None),
+    its model runs in this process."""
+
+    def batcher(self, model: LoadedModel) -> Any:
+        """The stand-in for the model's ``DynamicBatcher``: ``reserve``, ``submit_all``, start, stop."""
 
     def generation_engine(self, model: LoadedModel) -> Any:
         """The stand-in for a generation model's ``GenerationEngine``."""
 
-    def attach(self, pipeline: ModelPipeline) -> None:
-        """Give a built pipeline the engine's workers in place of its own."""
+    async def compute(self, pipeline: ModelPipeline, method: str, *args: Any) -> Any:
+        """Pipeline ``method`` (one the engine lets a front end name) run by the engine on the model."""
 
 
 class ModelPipeline(ABC):
@@ -153,16 +168,23 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     """A pipeline whose model calls go through a dynamic batcher; subclasses supply ``run_batch``."""
 
     def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        observer: BatcherObserver | None = None,
+        workers: Workers | None = None,
     ) -> None:
         super().__init__(model)
-        self.batcher: DynamicBatcher[Item, Out] = DynamicBatcher(
-            model.name, policy, self.run_batch, observer, model.span_attributes, instances=model.instances
+        # a front end's: the engine process runs the model (None: this process does)
+        self.workers = workers
+        self.batcher: DynamicBatcher[Item, Out] = (
+            DynamicBatcher(
+                model.name, policy, self.run_batch, observer, model.span_attributes, instances=model.instances
+            )
+            if workers is None
+            else workers.batcher(model)
         )
         self.attention_maps = AttentionMaps(model)
-        # A front end's view: how it has the engine process run one of this pipeline's methods on the
-        # model's compute thread (None: this process runs the model)
-        self.remote_compute: Callable[..., Awaitable[Any]] | None = None
 
     @abstractmethod
     def run_batch(self, items: list[Item]) -> Sequence[Out | BaseException]:
@@ -181,35 +203,45 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     async def attention_weights(self, feeds: dict[str, np.ndarray], selection: Selection) -> np.ndarray:
         """The attention graph's weights for one input (``attention.with_attention``), on the model's compute
         thread: this process's, or the engine process's for a front end's view."""
-        if self.remote_compute is not None:
-            return cast(np.ndarray, await self.remote_compute(self, "attention_weights", feeds, selection))
+        if self.workers is not None:
+            return cast(np.ndarray, await self.workers.compute(self, "attention_weights", feeds, selection))
         return cast(np.ndarray, await self.in_compute_thread(self.attention_maps.weights, feeds, selection))
 
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)
 
     async def infer(
-        self, items: Sequence[Item], costs: Sequence[int], permit: Permit | None = None
+        self,
+        items: Sequence[Item],
+        costs: Sequence[int],
+        permit: Permit | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> list[Out]:
         """Queue every item (cost = its token length) and wait for all results, in order.
 
         ``permit``: the places the request took before its preprocessing (``batcher.reserve``), one per
-        item; without one, they are taken here. Raises ``QueueFullError`` at once when the queue cannot
+        item; without one, they are taken here (at ``meta``'s priority class). Raises ``QueueFullError`` at once when the queue cannot
         take all items; if one item fails, the others are withdrawn and the error propagates.
         """
         with (
-            contextlib.nullcontext(permit) if permit is not None else self.batcher.reserve(len(items)) as held
+            contextlib.nullcontext(permit)
+            if permit is not None
+            else self.batcher.reserve(len(items), meta) as held
         ):
-            return await self.batcher.submit_all(items, costs, held)
+            return await self.batcher.submit_all(items, costs, held, meta)
 
 
 class TextEncoderPipeline(BatchedPipeline[Item, Out]):
     """A BERT head's pipeline: its tokenizer, window and [PAD], and right-padded batches through its one graph."""
 
     def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        observer: BatcherObserver | None = None,
+        workers: Workers | None = None,
     ) -> None:
-        super().__init__(model, policy, observer)
+        super().__init__(model, policy, observer, workers)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
         self.max_len = required(model.manifest.max_sequence_length)
@@ -230,26 +262,28 @@ class TextEncoderPipeline(BatchedPipeline[Item, Out]):
 class TextPipeline(TextEncoderPipeline[list[int], Out]):
     """A head whose item is one text's token ids (classify, tag, embed).
 
-    ``encode`` cuts each text to the window (a head that keeps more of each text, such as its words'
-    offsets, overrides it); ``run_texts`` admits, encodes and runs a request's texts.
+    ``encode`` cuts each text to the window as ``truncation`` says (a head that keeps more of each text,
+    such as its words' offsets, overrides it); ``run_texts`` admits, encodes and runs a request's texts.
     """
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> Self:
-        return cls(model, building.policy(), building.batcher_observer(model.name))
+        return cls(model, building.policy(), building.batcher_observer(model.name), building.workers)
 
-    def encode(self, texts: Sequence[str]) -> Sequence[EncodedText]:
-        """Each text's ids, cut to the model's window (``truncated`` says which were)."""
+    def encode(self, texts: Sequence[str], truncation: Truncation = CUT_RIGHT) -> Sequence[EncodedText]:
+        """Each text's ids, cut to the model's window (``truncated`` says which were), or refused."""
         return [
-            EncodedText(truncate(e.ids, self.max_len), len(e.ids) > self.max_len)
-            for e in encode_texts(self.tokenizer, texts)
+            EncodedText(truncate(e.ids, self.max_len, truncation, i), len(e.ids) > self.max_len)
+            for i, e in enumerate(encode_texts(self.tokenizer, texts))
         ]
 
-    async def run_texts(self, texts: Sequence[str]) -> tuple[Sequence[Any], list[Out]]:
+    async def run_texts(
+        self, texts: Sequence[str], truncation: Truncation = CUT_RIGHT, meta: RequestMeta = ANONYMOUS
+    ) -> tuple[Sequence[Any], list[Out]]:
         """Every text's encoding and model output: all admitted at once, before tokenisation is paid for."""
-        with self.batcher.reserve(len(texts)) as permit:
-            encoded = await preprocess(sum(map(len, texts)), self.encode, texts)
-            outs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit)
+        with self.batcher.reserve(len(texts), meta) as permit:
+            encoded = await preprocess(sum(map(len, texts)), self.encode, texts, truncation)
+            outs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit, meta)
         return encoded, outs
 
     def attention_length(self, text: str) -> tuple[int, str]:

@@ -14,12 +14,39 @@ from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.engine.sampling import softmax
 from service.errors import InvalidInputError
+from service.metadata import ANONYMOUS, RequestMeta
 
 from .attention import AttentionFeeds
-from .base import BatchedPipeline, Building, TextPipeline
-from .contract import CLASSIFICATION_OUTPUTS, TaskContract, TensorSpec, text_input
+from .base import BatchedPipeline, Building, TextPipeline, Workers
+from .contract import CLASSIFICATION_OUTPUTS, TRUNCATION_PARAMETERS, TaskContract, TensorSpec, text_input
 from .image_inputs import ImageDecodeError, image_pixels, open_image, to_pixel_values
 from .results import Classification, LabelScore, Outcome, Usage
+from .text_inputs import CUT_RIGHT, EncodedText, Truncation, preprocess
+
+
+class PairIds(list[int]):
+    """A sentence pair's token ids (``[CLS] a [SEP] b [SEP]``), with its segment ids beside them: a list of ids
+    as every text item is, so a batch may mix single texts and pairs."""
+
+    def __init__(self, ids: list[int], type_ids: list[int]) -> None:
+        super().__init__(ids)
+        self.type_ids = type_ids
+
+
+def pair_positions(
+    mask: list[int], types: list[int], max_len: int, truncation: Truncation, index: int
+) -> list[int]:
+    """The positions of a pair's encoding that fit ``max_len``: special tokens kept, and tokens taken from the
+    longer text first (transformers' ``longest_first``), at its end (right) or its start (left)."""
+    length = len(mask)
+    if length <= max_len:
+        return list(range(length))
+    truncation.kept(length, max_len, index)  # refuses when the caller asked for no truncation
+    segments = [[p for p in range(length) if not mask[p] and types[p] == s] for s in (0, 1)]
+    while sum(map(len, segments)) + sum(mask) > max_len:
+        longer = segments[0] if len(segments[0]) >= len(segments[1]) else segments[1]
+        longer.pop(0 if truncation.side == "left" else -1)
+    return sorted([p for p in range(length) if mask[p]] + segments[0] + segments[1])
 
 
 def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:
@@ -37,6 +64,7 @@ class TextClassifier(TextPipeline[np.ndarray]):
         "bert-classifier",
         (text_input("text", "UTF-8 text"),),
         CLASSIFICATION_OUTPUTS,
+        TRUNCATION_PARAMETERS,
     )
 
     @property
@@ -44,10 +72,53 @@ class TextClassifier(TextPipeline[np.ndarray]):
         return required(self.model.manifest.labels)
 
     def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
-        return list(softmax(self.run_padded(items)[0]))
+        if not any(isinstance(item, PairIds) for item in items):
+            return list(softmax(self.run_padded(items)[0]))
+        types = [item.type_ids if isinstance(item, PairIds) else [0] * len(item) for item in items]
+        return list(softmax(self.run_padded(items, types)[0]))
 
-    async def classify(self, texts: Sequence[str], top_k: int) -> Outcome[Classification]:
-        encoded, probs = await self.run_texts(texts)
+    def encode_pairs(
+        self, pairs: Sequence[tuple[str, str | None]], truncation: Truncation = CUT_RIGHT
+    ) -> list[EncodedText]:
+        """Each item's ids: a single text as ``encode`` cuts it, a pair as ``PairIds`` (``pair_positions``)."""
+        encoded: list[EncodedText] = []
+        for index, (first, second) in enumerate(pairs):
+            if second is None:
+                encoded.append(self.encode([first], truncation)[0])
+                continue
+            e = self.tokenizer.encode(first, second)
+            kept = pair_positions(
+                list(e.special_tokens_mask), list(e.type_ids), self.max_len, truncation, index
+            )
+            ids = PairIds([e.ids[p] for p in kept], [e.type_ids[p] for p in kept])
+            encoded.append(EncodedText(ids, len(kept) < len(e.ids)))
+        return encoded
+
+    async def classify_pairs(
+        self,
+        pairs: Sequence[tuple[str, str | None]],
+        top_k: int,
+        truncation: Truncation = CUT_RIGHT,
+        meta: RequestMeta = ANONYMOUS,
+    ) -> Outcome[Classification]:
+        """Sentence pairs (and single texts, ``None`` second) -> label probabilities, as TEI's /predict."""
+        with self.batcher.reserve(len(pairs), meta) as permit:
+            size = sum(len(a) + len(b or "") for a, b in pairs)
+            encoded = await preprocess(size, self.encode_pairs, pairs, truncation)
+            probs = await self.infer([e.ids for e in encoded], [len(e.ids) for e in encoded], permit, meta)
+        results = [
+            top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
+        ]
+        return Outcome(self.name, self.model.version, results, Usage(sum(len(e.ids) for e in encoded)))
+
+    async def classify(
+        self,
+        texts: Sequence[str],
+        top_k: int,
+        truncation: Truncation = CUT_RIGHT,
+        meta: RequestMeta = ANONYMOUS,
+    ) -> Outcome[Classification]:
+        encoded, probs = await self.run_texts(texts, truncation, meta)
         results = [
             top_labels(p, self.labels, top_k, e.truncated) for p, e in zip(probs, encoded, strict=True)
         ]
@@ -81,6 +152,7 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
             s.max_image_pixels,
             building.batcher_observer(model.name),
             max_request_pixels=s.max_request_pixels,
+            workers=building.workers,
         )
 
     def __init__(
@@ -90,8 +162,9 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
         max_image_pixels: int,
         observer: BatcherObserver | None = None,
         max_request_pixels: int | None = None,
+        workers: Workers | None = None,
     ) -> None:
-        super().__init__(model, policy, observer)
+        super().__init__(model, policy, observer, workers)
         self.labels = required(model.manifest.labels)
         self.preprocessing = required(model.manifest.preprocessing)
         self.max_image_pixels = max_image_pixels
@@ -135,12 +208,16 @@ class ImageClassifier(BatchedPipeline[np.ndarray, np.ndarray]):
                 raise InvalidInputError(str(exc), "inputs", "undecodable_image", index) from exc
         return decoded
 
-    async def classify(self, images: Sequence[bytes], top_k: int) -> Outcome[Classification]:
+    async def classify(
+        self, images: Sequence[bytes], top_k: int, meta: RequestMeta = ANONYMOUS
+    ) -> Outcome[Classification]:
         """An undecodable image is reported by its index among ``images``."""
-        with self.batcher.reserve(len(images)) as permit:  # a full queue refuses before decoding is paid for
+        with self.batcher.reserve(
+            len(images), meta
+        ) as permit:  # a full queue refuses before decoding is paid for
             # Always in a thread: a few compressed bytes may still decode to MAX_IMAGE_PIXELS pixels.
             decoded = await asyncio.to_thread(self.decode, images)
-            probs = await self.infer(decoded, [self.cost] * len(decoded), permit)
+            probs = await self.infer(decoded, [self.cost] * len(decoded), permit, meta)
         results = [top_labels(p, self.labels, top_k) for p in probs]
         return Outcome(self.name, self.model.version, results, Usage(input_tokens=self.cost * len(decoded)))
 

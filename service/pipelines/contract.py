@@ -138,3 +138,10 @@ CLASSIFICATION_OUTPUTS = (
         value=lambda c: {t.label: t.score for t in c.top},
     ),
 )
+
+
+# Every encoder task's choice of truncation (``text_inputs.Truncation``), as TEI names it.
+TRUNCATION_PARAMETERS = (
+    Parameter("truncate", "bool", "false: a text longer than the window is refused (default: cut, flagged)"),
+    Parameter("truncation_direction", "string", "right (default: the text's end is cut) or left (its start)"),
+)

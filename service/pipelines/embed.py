@@ -15,11 +15,12 @@ import numpy as np
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
+from service.metadata import ANONYMOUS, RequestMeta
 
-from .base import TextPipeline
-from .contract import Parameter, TaskContract, TensorSpec, text_input
+from .base import TextPipeline, Workers
+from .contract import TRUNCATION_PARAMETERS, Parameter, TaskContract, TensorSpec, text_input
 from .results import Embedding, Outcome, Usage
-from .text_inputs import feeds_for, pad_batch
+from .text_inputs import CUT_RIGHT, Truncation, feeds_for, pad_batch
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,18 @@ class SentenceEmbedder(TextPipeline[Vectors]):
             Parameter(
                 "normalize", "bool", "false gives the mean-pooled vector, not normalised (default true)"
             ),
+            *TRUNCATION_PARAMETERS,
         ),
     )
 
     def __init__(
-        self, model: LoadedModel, policy: BatchPolicy, observer: BatcherObserver | None = None
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        observer: BatcherObserver | None = None,
+        workers: Workers | None = None,
     ) -> None:
-        super().__init__(model, policy, observer)
+        super().__init__(model, policy, observer, workers)
         self.spec = required(model.manifest.embedding)
         self.dimensions = self.spec.dimensions
 
@@ -65,8 +71,14 @@ class SentenceEmbedder(TextPipeline[Vectors]):
         normalized, pooled = self.graph.run(feeds, [self.spec.normalized_output, self.spec.pooled_output])
         return [Vectors(normalized[j], pooled[j]) for j in range(len(items))]
 
-    async def embed(self, texts: Sequence[str], normalize: bool) -> Outcome[Embedding]:
-        encoded, vectors = await self.run_texts(texts)
+    async def embed(
+        self,
+        texts: Sequence[str],
+        normalize: bool,
+        truncation: Truncation = CUT_RIGHT,
+        meta: RequestMeta = ANONYMOUS,
+    ) -> Outcome[Embedding]:
+        encoded, vectors = await self.run_texts(texts, truncation, meta)
         results = [
             Embedding((v.normalized if normalize else v.pooled).tolist(), e.truncated)
             for v, e in zip(vectors, encoded, strict=True)

@@ -22,14 +22,22 @@ from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
 from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
+from service.metadata import ANONYMOUS, RequestMeta
 
 from .attention import AttentionFeeds
-from .base import Building, TextEncoderPipeline, TextPipeline
-from .contract import TaskContract, TensorSpec, text_input
-from .entity_spans import group_entities, token_predictions, word_char_spans, word_predictions
+from .base import Building, TextEncoderPipeline, TextPipeline, Workers
+from .contract import TRUNCATION_PARAMETERS, Parameter, TaskContract, TensorSpec, text_input
+from .entity_spans import (
+    Aggregation,
+    aggregate,
+    group_entities,
+    token_predictions,
+    word_char_spans,
+    word_predictions,
+)
 from .qa_spans import QAWindow, Span, best_span, qa_windows
 from .results import Answer, Entities, EntitySpan, Outcome, Usage
-from .text_inputs import EncodedText, encode_texts, preprocess
+from .text_inputs import CUT_RIGHT, EncodedText, Truncation, encode_texts, preprocess
 
 
 class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
@@ -54,6 +62,7 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
             building.policy(),
             building.batcher_observer(model.name),
             max_context_tokens=building.settings.max_context_tokens,
+            workers=building.workers,
         )
 
     def __init__(
@@ -62,8 +71,9 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
         policy: BatchPolicy,
         observer: BatcherObserver | None = None,
         max_context_tokens: int | None = None,
+        workers: Workers | None = None,
     ) -> None:
-        super().__init__(model, policy, observer)
+        super().__init__(model, policy, observer, workers)
         self.max_context_tokens = max_context_tokens
         qa = required(model.manifest.qa)
         self.stride = qa.stride
@@ -105,15 +115,15 @@ class QuestionAnswerer(TextEncoderPipeline[list[QAWindow], Span | None]):
             for q, c in pairs
         ]
 
-    async def answer(self, pairs: Sequence[tuple[str, str]]) -> Outcome[Answer]:
+    async def answer(
+        self, pairs: Sequence[tuple[str, str]], meta: RequestMeta = ANONYMOUS
+    ) -> Outcome[Answer]:
         """``pairs`` are (question, context); offsets in the answers index into each context."""
-        with self.batcher.reserve(
-            len(pairs)
-        ) as permit:  # a full queue refuses before tokenisation is paid for
+        with self.batcher.reserve(len(pairs), meta) as permit:  # a full queue refuses before tokenising
             windows = await preprocess(sum(len(q) + len(c) for q, c in pairs), self.windows, pairs)
             self._check_tokens(windows)
             costs = [len(w) * max(map(len, w)) for w in windows]
-            spans = await self.infer(windows, costs, permit)
+            spans = await self.infer(windows, costs, permit, meta)
         results = []
         for (_, context), span, item in zip(pairs, spans, windows, strict=True):
             if span is None:
@@ -191,6 +201,13 @@ class EntityTagger(TextPipeline[np.ndarray]):
                 value=lambda r: json.dumps([asdict(e) for e in r.entities], ensure_ascii=False),
             ),
         ),
+        (
+            *TRUNCATION_PARAMETERS,
+            Parameter(
+                "aggregation_strategy", "string", "none, simple, first, average or max, as transformers'"
+            ),
+            Parameter("ignore_labels", "strings", 'labels left out (default ["O"])'),
+        ),
     )
 
     @property
@@ -201,22 +218,33 @@ class EntityTagger(TextPipeline[np.ndarray]):
         logits = self.run_padded(items)[0]
         return [logits[j, : len(ids)] for j, ids in enumerate(items)]
 
-    def encode(self, texts: Sequence[str]) -> list[TaggedText]:
+    def encode(self, texts: Sequence[str], truncation: Truncation = CUT_RIGHT) -> list[TaggedText]:
         tagged = []
-        for e in encode_texts(self.tokenizer, texts):
+        for index, e in enumerate(encode_texts(self.tokenizer, texts)):
             ids, word_ids, offsets = list(e.ids), list(e.word_ids), list(e.offsets)
-            truncated = len(ids) > self.max_len
-            if truncated:  # keep the final [SEP], as in training
-                keep = self.max_len - 1
+            kept = truncation.kept(len(ids), self.max_len, index)
+            if kept is not None:  # [CLS] and the final [SEP] kept, as in training
                 ids, word_ids, offsets = (
-                    [*ids[:keep], ids[-1]],
-                    [*word_ids[:keep], None],
-                    [*offsets[:keep], (0, 0)],
+                    [ids[i] for i in kept],
+                    [word_ids[i] for i in kept],
+                    [offsets[i] for i in kept],
                 )
-            tagged.append(TaggedText(ids, truncated, word_ids, offsets))
+            tagged.append(TaggedText(ids, kept is not None, word_ids, offsets))
         return tagged
 
-    def entities(self, text: str, tagged: TaggedText, logits: np.ndarray) -> Entities:
+    @property
+    def default_aggregation(self) -> str:
+        """The model's own grouping: "first" for the house tagger, "simple" for imported ones (its manifest)."""
+        tagging = self.model.manifest.tagging
+        return tagging.aggregation if tagging is not None else "first"
+
+    def entities(
+        self, text: str, tagged: TaggedText, logits: np.ndarray, aggregation: Aggregation | None = None
+    ) -> Entities:
+        if aggregation is not None:  # the caller's choice, as transformers defines it
+            chosen = aggregate(logits, tagged.word_ids, tagged.offsets, self.labels, aggregation)
+            found = [EntitySpan(text[e.start : e.end], e.label, e.start, e.end, e.score) for e in chosen]
+            return Entities(found, tagged.truncated)
         tagging = self.model.manifest.tagging
         simple = tagging is not None and tagging.aggregation == "simple"
         if simple:  # every token its own tag
@@ -230,9 +258,17 @@ class EntityTagger(TextPipeline[np.ndarray]):
         ]
         return Entities(found, tagged.truncated)
 
-    async def tag(self, texts: Sequence[str]) -> Outcome[Entities]:
-        tagged, logits = await self.run_texts(texts)
-        results = [self.entities(x, t, lg) for x, t, lg in zip(texts, tagged, logits, strict=True)]
+    async def tag(
+        self,
+        texts: Sequence[str],
+        truncation: Truncation = CUT_RIGHT,
+        aggregation: Aggregation | None = None,
+        meta: RequestMeta = ANONYMOUS,
+    ) -> Outcome[Entities]:
+        tagged, logits = await self.run_texts(texts, truncation, meta)
+        results = [
+            self.entities(x, t, lg, aggregation) for x, t, lg in zip(texts, tagged, logits, strict=True)
+        ]
         return Outcome(self.name, self.model.version, results, Usage(sum(len(t.ids) for t in tagged)))
 
     def attention_feeds(self, text: str, result: Entities) -> AttentionFeeds:

@@ -37,7 +37,4 @@ def build_pipeline(
     cls = PIPELINES.get(model.task)
     if cls is None:
         raise ValueError(f"no pipeline serves task {model.task!r}")
-    pipeline = cls.build(model, Building(settings, metrics, workers))
-    if workers is not None:
-        workers.attach(pipeline)
-    return pipeline
+    return cls.build(model, Building(settings, metrics, workers))

@@ -11,7 +11,9 @@ decoding them at its next step.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +27,18 @@ from service.engine.speculation import Speculation
 from service.engine.structured_output import GrammarError
 from service.engine.worker import Permit
 from service.errors import InvalidInputError
+from service.metadata import ANONYMOUS, RequestMeta
+from service.settings import Settings
 
 from .base import Building, ModelPipeline
 from .chat_template import ChatTemplate, ChatTemplateError
 from .contract import Parameter, TaskContract, TensorSpec, text_input
 from .results import Generation, Outcome, Usage
 from .text_inputs import encode_texts, preprocess
+
+# Chat templates render here, not on the event loop nor on asyncio's default threads (tokenising, image
+# decoding): a flood of slow templates, each up to CHAT_TEMPLATE_TIMEOUT_S, delays only other chats.
+_TEMPLATE_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="chat-template")
 
 
 def generation_of(r: GenerationResult) -> Generation:
@@ -101,7 +109,7 @@ class Generator(ModelPipeline):
             s.chat_template.read_text() if s.chat_template is not None else model.manifest.chat_template
         )
         if building.workers is not None:  # a front end's view: the engine process runs the model
-            return cls(model, building.workers.generation_engine(model), template)
+            return cls(model, building.workers.generation_engine(model), template, s)
         engine = GenerationEngine(
             model,
             max_running=s.max_running_sequences,
@@ -121,13 +129,18 @@ class Generator(ModelPipeline):
             if s.speculative_ngram_tokens
             else None,
         )
-        return cls(model, engine, template)
+        return cls(model, engine, template, s)
 
     def __init__(
-        self, model: LoadedModel, engine: GenerationEngine | Any, chat_template: str | None = None
+        self,
+        model: LoadedModel,
+        engine: GenerationEngine | Any,
+        chat_template: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         """``engine`` runs ``model``: its queue and decoding loop are set up by the caller (``factory.py``);
-        ``chat_template`` (Jinja2 source) turns messages into a prompt (None: no chat)."""
+        ``chat_template`` (Jinja2 source) turns messages into a prompt (None: no chat), rendered within
+        ``settings``' CHAT_TEMPLATE_TIMEOUT_S and MAX_TEXT_CHARS (None: the defaults)."""
         super().__init__(model)
         assert model.tokenizer is not None, "text model without a tokenizer"
         self.tokenizer = model.tokenizer
@@ -139,14 +152,21 @@ class Generator(ModelPipeline):
                 for name, i in model.manifest.special_tokens.items()
             }
             self.chat_template = ChatTemplate(
-                chat_template, {k: v for k, v in names.items() if v is not None}
+                chat_template,
+                {k: v for k, v in names.items() if v is not None},
+                *(
+                    (settings.chat_template_timeout_s, settings.max_text_chars)
+                    if settings is not None
+                    else ()
+                ),
             )
 
-    def chat_prompt(
+    async def chat_prompt(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, kwargs: Mapping[str, Any]
     ) -> str:
-        """The prompt of a chat, rendered with the model's template; InvalidInputError naming the field the
-        template could not take, or ``model`` when it has no template."""
+        """The prompt of a chat, rendered with the model's template on the template threads (a template
+        is bounded in time, not cheap); InvalidInputError naming the field the template could not take,
+        or ``model`` when it has no template."""
         if self.chat_template is None:
             raise InvalidInputError(
                 f"model {self.name!r} has no chat template (CHAT_TEMPLATE, or the manifest's chat_template), so "
@@ -155,7 +175,10 @@ class Generator(ModelPipeline):
                 "no_chat_template",
             )
         try:
-            return self.chat_template.render(messages, add_generation_prompt, kwargs)
+            return await asyncio.get_running_loop().run_in_executor(
+                _TEMPLATE_THREADS,
+                functools.partial(self.chat_template.render, messages, add_generation_prompt, kwargs),
+            )
         except ChatTemplateError as exc:
             raise InvalidInputError(exc.message, exc.field, "chat_template") from exc
 
@@ -206,12 +229,20 @@ class Generator(ModelPipeline):
             await asyncio.to_thread(self.check, params)
 
     async def _submit(
-        self, encoded: list[list[int]], params: SamplingParams, request_id: str, permit: Permit
+        self,
+        encoded: list[list[int]],
+        params: SamplingParams,
+        request_id: str,
+        permit: Permit,
+        meta: RequestMeta,
     ) -> list[GenerationStream]:
-        """Every prompt queued, or none: a prompt the engine refuses is the client's error."""
+        """Every prompt queued, or none: a prompt the engine refuses is the client's error. Each prompt's
+        prefix-cache blocks are its caller's tenant's (``meta.prefix_salt``)."""
         try:
             return await self.engine.admit_all(
-                [GenerationRequest(ids, params, request_id) for ids in encoded], permit
+                [GenerationRequest(ids, params, request_id, meta.prefix_salt) for ids in encoded],
+                permit,
+                meta,
             )
         except PromptError as exc:
             raise InvalidInputError(exc.message, "inputs", exc.reason, exc.index) from exc
@@ -222,16 +253,15 @@ class Generator(ModelPipeline):
         params: SamplingParams,
         request_id: str = "",
         on_abandoned: Callable[[Usage], None] | None = None,
+        meta: RequestMeta = ANONYMOUS,
     ) -> Outcome[Generation]:
         """All prompts decode concurrently in the engine's running batch; results in prompt order. When the
         request fails or its caller goes away mid-way, ``on_abandoned`` gets what it used until then: the
         prompts' tokens and every token generated."""
         await self._checked(params)
-        with self.engine.reserve(
-            len(prompts)
-        ) as permit:  # a full queue refuses before tokenisation is paid for
+        with self.engine.reserve(len(prompts), meta) as permit:  # a full queue refuses before tokenising
             encoded = await preprocess(sum(map(len, prompts)), self.encode, prompts)
-            streams = await self._submit(encoded, params, request_id, permit)
+            streams = await self._submit(encoded, params, request_id, permit, meta)
             try:
                 finished = await asyncio.gather(*(s.result() for s in streams))
             except BaseException:  # a failed sequence, or the caller went away: stop the others too
@@ -243,12 +273,14 @@ class Generator(ModelPipeline):
         results = [generation_of(r) for r in finished]
         return Outcome(self.name, self.model.version, results, Usage.of_generations(results))
 
-    async def open_stream(self, prompt: str, params: SamplingParams, request_id: str = "") -> OpenStream:
+    async def open_stream(
+        self, prompt: str, params: SamplingParams, request_id: str = "", meta: RequestMeta = ANONYMOUS
+    ) -> OpenStream:
         """Admit one prompt and return its live stream; the caller must cancel it if it stops reading."""
         await self._checked(params)
-        with self.engine.reserve(1) as permit:
+        with self.engine.reserve(1, meta) as permit:
             (ids,) = await preprocess(len(prompt), self.encode, [prompt])
-            (stream,) = await self._submit([ids], params, request_id, permit)
+            (stream,) = await self._submit([ids], params, request_id, permit, meta)
             return OpenStream(stream, len(ids))
 
     async def warmup(self) -> None:

@@ -102,6 +102,18 @@ class Translation:
     sequences: list[TranslationSequence]  # best first, num_return_sequences of them
     truncated: bool = False  # the source was cut to the model's max_source_length
     attention: AttentionMap | None = None  # with return_attention, for the one input
+    sentences: int = 1  # the sentences the text was translated as (``pipelines/documents.py``)
+
+
+@dataclass(frozen=True)
+class TranslationScore:
+    """A given translation's log-probability under the model (CTranslate2's ``score_batch``)."""
+
+    tokens: list[str]  # the translation's tokens as the model's vocabulary spells them, </s> last
+    token_logprobs: list[float]  # one per token
+    logprob: float  # their sum
+    length: int  # len(tokens)
+    truncated: bool = False  # the source was cut to the model's max_source_length
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,16 @@ class Entities:
 class Embedding:
     vector: list[float]  # the sentence embedding: unit length unless the request asked normalize: false
     truncated: bool = False  # the text was cut to the model's window
+
+
+@dataclass(frozen=True)
+class Score:
+    """How relevant a document is to a query (rerank, score): one (query, document) pair's number."""
+
+    score: float  # the relevance: a cross-encoder's sigmoid of its logit; an embedder's cosine as it is
+    raw: float  # before any activation (TEI's raw_scores): the logit; for an embedder the same cosine
+    scored_by: str  # "cosine": an embedder's vectors; "cross-encoder": a model that read the pair
+    truncated: bool = False  # the query or the document was cut to the model's window
 
 
 @dataclass(frozen=True)

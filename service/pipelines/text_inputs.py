@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from service.engine.runtime import Graph
+from service.errors import InvalidInputError
 from service.observe import spans
 
 P = ParamSpec("P")
@@ -62,6 +63,41 @@ def pad_batch(
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def truncate(ids: list[int], max_len: int) -> list[int]:
-    """Cut to max_len, keeping the final [SEP] (or </s>)."""
-    return ids if len(ids) <= max_len else [*ids[: max_len - 1], ids[-1]]
+@dataclass(frozen=True)
+class Truncation:
+    """What becomes of a text longer than the model's window: cut on the right (the default: the text's
+    end is lost) or on the left (its start is lost), its first and last special tokens kept either way; or,
+    with ``cut`` false (TEI's ``truncate: false``), refused, naming the text."""
+
+    cut: bool = True
+    side: Literal["right", "left"] = "right"
+
+    def kept(self, length: int, max_len: int, index: int) -> list[int] | None:
+        """The positions of a ``length``-token encoding that fit ``max_len`` (None: all of them)."""
+        if length <= max_len:
+            return None
+        if not self.cut:
+            raise InvalidInputError(
+                f"{length} tokens; the model's window is {max_len} tokens, and truncate is false "
+                "(send a shorter text, or truncate: true to cut it)",
+                "inputs",
+                "too_many_tokens",
+                index,
+            )
+        if self.side == "left":  # the first token ([CLS]), then the text's last tokens with the final [SEP]
+            return [0, *range(length - (max_len - 1), length)]
+        return [*range(max_len - 1), length - 1]
+
+    @property
+    def key(self) -> dict[str, object]:
+        """What the response cache must tell apart: nothing for the default (its old keys stay valid)."""
+        return {} if self == CUT_RIGHT else {"truncate": self.cut, "truncation_direction": self.side}
+
+
+CUT_RIGHT = Truncation()  # the default on every encoder task: cut at the end, flagged ``truncated``
+
+
+def truncate(ids: list[int], max_len: int, truncation: Truncation = CUT_RIGHT, index: int = 0) -> list[int]:
+    """Cut to max_len, keeping the first token and the final [SEP] (or </s>): ``truncation``'s side."""
+    kept = truncation.kept(len(ids), max_len, index)
+    return ids if kept is None else [ids[i] for i in kept]

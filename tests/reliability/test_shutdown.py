@@ -66,7 +66,9 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(
     env = {
         "MODEL_REPOSITORY": str(tiny_models),
         "WORKERS": str(workers),
-        "MAX_QUEUE_DELAY_MS": "4000",  # every batched request waits 4 s for company, on a busy machine too
+        # every batched request waits 8 s for company: on a loaded machine the waits below (for the requests
+        # and the first token) took most of 4 s, and the drain ended before the probes saw it (refused)
+        "MAX_QUEUE_DELAY_MS": "8000",
         "MAX_BATCH_SIZE": "64",
         "MAX_RUNNING_SEQUENCES": "1",  # streams decode one after another
         "SHUTDOWN_TIMEOUT_S": "60",

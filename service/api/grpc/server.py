@@ -51,9 +51,18 @@ class GrpcServer:
         assert settings.grpc_port is not None, "GRPC_PORT is set"
         limit = settings.max_body_bytes  # the same bound on a request as MAX_BODY_BYTES on HTTP
         keys = ApiKeys.from_settings(settings)
+        credentials = server_credentials(settings)
+        options: list[tuple[str, int]] = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", -1),
+        ]
+        if (
+            credentials is not None
+        ):  # a TLS handshake within TLS_HANDSHAKE_TIMEOUT_S, as on HTTP (gRPC: 120 s)
+            options.append(("grpc.server_handshake_timeout_ms", int(settings.tls_handshake_timeout_s * 1000)))
         self.server = grpc.aio.server(
             interceptors=[*interceptors, *([ApiKeyInterceptor(keys)] if keys.enabled else [])],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
+            options=options,
         )
         rpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(
@@ -69,7 +78,6 @@ class GrpcServer:
             self.server,
         )
         self.address = f"{settings.host}:{settings.grpc_port}"
-        credentials = server_credentials(settings)
         self.port = (
             self.server.add_insecure_port(self.address)
             if credentials is None

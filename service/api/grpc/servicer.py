@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import grpc
@@ -34,8 +33,9 @@ from service.api.oip.tasks import signature
 from service.context import RequestContext, bind, unbind
 from service.errors import KINDS, ProblemError, problem_of
 from service.inference import InferenceService
-from service.inference.scheduling import NAMES, scheduled
+from service.inference.scheduling import NAMES
 from service.lifecycle import Lifecycle
+from service.metadata import RequestMeta
 from service.observe import spans
 from service.observe.metrics import Metrics
 
@@ -69,9 +69,10 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         context: grpc.aio.ServicerContext,
         method: str,
         request_id: str,
-        work: Callable[[], Awaitable[T]],
+        work: Callable[[RequestMeta], Awaitable[T]],
     ) -> T:
-        """``work()``, counted in flight (a drain waits for it), in the gRPC metrics and the access log (id,
+        """``work(meta)``, given the call's metadata (its key, its key's class and ceiling, the call's
+        deadline), counted in flight (a drain waits for it), in the gRPC metrics and the access log (id,
         RPC, status code, model, seconds: never content), its errors as gRPC statuses. API keys are
         checked before any RPC runs (``auth.py``)."""
         self.lifecycle.request_started()
@@ -83,15 +84,17 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         remaining = context.time_remaining()  # the call's deadline, where the client set one
         admitted: Admission | None = None
         try:
-            entry = self.keys.identify(presented_key(metadata_of(context.invocation_metadata())))
+            presented = presented_key(metadata_of(context.invocation_metadata()))
+            entry = self.keys.identify(presented)
+            meta = RequestMeta(request_id=request_id).keyed(entry, self.keys.prefix_salt(presented))
             if entry is not None:
                 refused, admitted = await admit_key(entry, self.quotas)
                 if refused is not None:
                     admitted = None  # not counted: nothing to give back
                     raise ProblemError(refused)
+                meta = admitted.scheduled(meta)
             timeout_s = remaining if remaining is not None and remaining > 0 else None
-            with admitted.scheduled() if admitted is not None else nullcontext(), scheduled(None, timeout_s):
-                answer = await work()
+            answer = await work(meta.scheduled(None, timeout_s))
             if admitted is not None and admitted.ceiling.lowered_from is not None:
                 served = NAMES[admitted.ceiling.most_urgent]
                 context.set_trailing_metadata(((PRIORITY_SERVED.lower(), served),))
@@ -134,9 +137,9 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=EXTENSIONS)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        async def ready() -> pb.ModelReadyResponse:
+        async def ready(meta: RequestMeta) -> pb.ModelReadyResponse:
             # as Triton: a model the service knows but does not hold is ready: false, not an error
-            model, ready = self.core.model_ready(request.name, request.version or None)
+            model, ready = self.core.model_ready(meta, request.name, request.version or None)
             if model is not None:
                 signature(model)  # a model without v2 tensors is not there for a v2 client
             return pb.ModelReadyResponse(ready=ready)
@@ -144,11 +147,15 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return await self._answer(context, "ModelReady", client_request_id(""), ready)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        async def metadata() -> pb.ModelMetadataResponse:
+        async def metadata(meta: RequestMeta) -> pb.ModelMetadataResponse:
             # with a budget, as ModelInfer: loaded on demand
-            meta = model_metadata(await self.core.served(request.name, version=request.version or None))
-            out = pb.ModelMetadataResponse(name=meta.name, versions=meta.versions, platform=PLATFORM)
-            for tensors, specs in ((out.inputs, meta.inputs), (out.outputs, meta.outputs)):
+            described = model_metadata(
+                await self.core.served(meta, request.name, version=request.version or None)
+            )
+            out = pb.ModelMetadataResponse(
+                name=described.name, versions=described.versions, platform=PLATFORM
+            )
+            for tensors, specs in ((out.inputs, described.inputs), (out.outputs, described.outputs)):
                 for spec in specs:
                     tensors.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
             return out
@@ -163,7 +170,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
         request_id = client_request_id(request.id)  # for the logs; the response echoes the id as sent
 
-        async def run() -> pb.ModelInferResponse:
+        async def run(meta: RequestMeta) -> pb.ModelInferResponse:
             call = InferCall(
                 request.model_name,
                 request.model_version or None,
@@ -173,7 +180,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 request_id=request_id,
                 cache_scope=self._cache_scope(context),
             )
-            result = await infer(self.core, call)
+            result = await infer(self.core, call, meta)
             outcome = result.outcome
             response = pb.ModelInferResponse(
                 model_name=outcome.model, model_version=outcome.model_version, id=request.id
@@ -192,9 +199,9 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
-        async def index() -> pb.RepositoryIndexResponse:
+        async def index(meta: RequestMeta) -> pb.RepositoryIndexResponse:
             out = pb.RepositoryIndexResponse()
-            for state in repository.index(self.core, request.ready):
+            for state in repository.index(self.core, meta, request.ready):
                 out.models.add(
                     name=state.name, version=state.version or "", state=state.state, reason=state.reason
                 )
@@ -209,7 +216,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        async def load() -> pb.RepositoryModelLoadResponse:
+        async def load(meta: RequestMeta) -> pb.RepositoryModelLoadResponse:
             parameters = {key: value for key, value in request.parameters.items()}
             await repository.load(self.core, self._control(context), request.model_name, parameters)
             return pb.RepositoryModelLoadResponse()
@@ -219,7 +226,7 @@ class InferenceServicer(rpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
-        async def unload() -> pb.RepositoryModelUnloadResponse:
+        async def unload(meta: RequestMeta) -> pb.RepositoryModelUnloadResponse:
             await repository.unload(self.core, self._control(context), request.model_name)
             return pb.RepositoryModelUnloadResponse()
 

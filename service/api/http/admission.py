@@ -26,6 +26,7 @@ from collections.abc import Callable
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
 from service.api.http.fast_lane import FastLane
+from service.api.http.meta import meta_of
 from service.api.http.raw_errors import send_error
 from service.errors import Problem
 from service.inference import scheduling
@@ -107,8 +108,9 @@ class Shedding:
             self.depth_limit and self.urgent_waiting is not None and self.urgent_waiting() >= self.depth_limit
         )
 
-    def refuses(self) -> bool:
-        if scheduling.current().priority < scheduling.LOW:
+    def refuses(self, priority: int) -> bool:
+        """Whether a request of class ``priority`` (the one its headers and key gave it) is shed now."""
+        if priority < scheduling.LOW:
             return False
         return 0 < self.lag_s < self.lag.lag_s or self._queue_over()
 
@@ -141,31 +143,16 @@ def admit_requests(
     async def admit(scope: Scope, receive: Receive, send: Send) -> tuple[Receive, bytes] | None:
         """The app's ``receive`` once the request is admitted, and its body; ``None`` once it was answered
         (or its client left) here."""
-        length, has_body = _declared_length(scope)
-        if length is not None and length > max_body_bytes:
-            await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
+        read = await read_whole_body(scope, receive, send, max_body_bytes, body_timeout_s)
+        if read is None:
             return None
-        inner_receive = receive
-        body = b""
-        if has_body:
-            try:
-                body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
-            except _Disconnected:
-                return None  # nobody to answer
-            except _TooLarge:
-                await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
-                return None
-            except TimeoutError:
-                await _refuse(
-                    scope,
-                    send,
-                    "request_timeout",
-                    f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
-                )
-                return None
-            inner_receive = _replay(body, receive)
+        inner_receive, body = read
         route = scope.get("path_template") or "unmatched"
-        if shedding is not None and shedding.refuses() and not route.startswith(ALWAYS_ANSWERED):
+        if (
+            shedding is not None
+            and not route.startswith(ALWAYS_ANSWERED)
+            and shedding.refuses(meta_of(scope).scheduling.priority)
+        ):
             await send_error(scope, send, shedding.refusal())
             return None
         if lifecycle.in_flight >= max_in_flight and not route.startswith(ALWAYS_ANSWERED):
@@ -196,6 +183,36 @@ def admit_requests(
         return middleware
 
     return middleware_factory
+
+
+async def read_whole_body(
+    scope: Scope, receive: Receive, send: Send, max_body_bytes: int, body_timeout_s: float
+) -> tuple[Receive, bytes] | None:
+    """The request's body read whole, within MAX_BODY_BYTES and BODY_READ_TIMEOUT_S, and a ``receive`` that
+    gives it again; ``None`` once the request was answered here (413, 408) or its client left. Also the way
+    the key check finds a key a protocol sends in its body (``body_key.py``)."""
+    length, has_body = _declared_length(scope)
+    if length is not None and length > max_body_bytes:
+        await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
+        return None
+    if not has_body:
+        return receive, b""
+    try:
+        body = await _read_body_within(receive, max_body_bytes, body_timeout_s)
+    except _Disconnected:
+        return None  # nobody to answer
+    except _TooLarge:
+        await _refuse(scope, send, "payload_too_large", _too_large(max_body_bytes))
+        return None
+    except TimeoutError:
+        await _refuse(
+            scope,
+            send,
+            "request_timeout",
+            f"the request body did not arrive within {body_timeout_s:g} s (BODY_READ_TIMEOUT_S)",
+        )
+        return None
+    return _replay(body, receive), body
 
 
 def _too_large(limit: int) -> str:

@@ -1,6 +1,7 @@
 """The API-key check on the HTTP door: a middleware applying the key table of ``service/access/keys.py``
 before the body is read (401 without a valid key), counting a keyed request against its quota and
-running it at its key's priority, with the ``RateLimit-*`` headers on its answer. The gRPC door applies
+running it at its key's priority (the request's metadata, ``meta.py``, carries the key, its prefix-cache salt,
+its default class and its ceiling), with the ``RateLimit-*`` headers on its answer. The gRPC door applies
 the same table in its interceptor (``api/grpc/auth.py``).
 """
 
@@ -14,6 +15,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.access.keys import Admission, ApiKeys, admit_key, presented_key
 from service.access.quotas import Quotas
+from service.api.http.meta import meta_of, set_meta
 from service.api.http.raw_errors import send_error
 from service.errors import REFUNDED_STATUSES, Problem
 
@@ -64,17 +66,19 @@ def require_api_key(keys: ApiKeys, quotas: Quotas | None = None) -> Callable[[AS
             entry = keys.identify(presented)
             if presented and (entry is not None or keys._plain(presented)):
                 scope.setdefault("state", {})[CACHE_SCOPE_KEY] = keys.cache_scope(presented)  # type: ignore[typeddict-item]
+                meta = meta_of(scope).keyed(entry, keys.prefix_salt(presented))
                 if entry is None:
+                    set_meta(scope, meta)
                     await app(scope, receive, send)
                     return
                 problem, admitted = await admit_key(entry, quotas)
                 if problem is not None:
                     await send_error(scope, send, problem)
                     return
+                set_meta(scope, admitted.scheduled(meta))
                 answering = _Answering(send, admitted)
                 try:
-                    with admitted.scheduled():
-                        await app(scope, receive, answering)
+                    await app(scope, receive, answering)
                 finally:
                     await admitted.settle(quotas, answering.status in REFUNDED_STATUSES)
                 return

@@ -7,7 +7,7 @@ door says once, per request shape, what its client calls those
 wraps its call to the core in that mapping::
 
     with FieldNames({"inputs": "texts[{i}]"}, {"inputs": "texts"}):
-        outcome = await core.classify_texts(...)
+        outcome = await core.classify_texts(meta, ...)
 """
 
 from __future__ import annotations

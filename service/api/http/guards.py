@@ -68,7 +68,9 @@ async def require_multipart(request: Request[Any, Any, Any]) -> None:
         raise MalformedBodyError(f"Invalid multipart/form-data: {exc}") from exc
 
 
-def json_post(summary: str, *path: str, responses: Mapping[int, ResponseSpec], **kwargs: Any) -> Any:
+def json_post(
+    summary: str, *path: str | list[str], responses: Mapping[int, ResponseSpec], **kwargs: Any
+) -> Any:
     """A POST route with a JSON body (checked by ``require_json``) that answers 200: every inference route."""
     return post(
         *path,

@@ -40,8 +40,10 @@ from opentelemetry.semconv.attributes import (
 )
 
 from service.api.http.admission import ALWAYS_ANSWERED
+from service.api.http.meta import set_meta
 from service.api.http.request_id import assign_request_id, with_request_id
 from service.context import RequestContext, bind, unbind
+from service.metadata import RequestMeta
 from service.observe import spans
 from service.observe.metrics import Metrics
 
@@ -86,6 +88,7 @@ def observe_requests(metrics: Metrics, log_access: bool = True) -> Callable[[ASG
                 else None
             )
             context = RequestContext(request_id=rid)
+            set_meta(scope, RequestMeta(request_id=rid))
             token = bind(context)
             status = 500  # unless a response starts: an exception escaping here becomes a 500
             in_flight = in_flight_of(route)

@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from service.api.http.meta import meta_of, set_meta
 from service.api.http.raw_errors import send_error
 from service.errors import InvalidInputError, problem_of
-from service.inference.scheduling import header_integer, priority_named, scheduled, timeout_of
+from service.inference.scheduling import header_integer, priority_named, timeout_of
 
 PRIORITY = b"x-request-priority"
 TIMEOUT_MS = b"x-request-timeout-ms"
@@ -55,8 +56,8 @@ def schedule_requests() -> Callable[[ASGIApp], ASGIApp]:
             if not asked:
                 await app(scope, receive, send)
                 return
-            with scheduled(priority, timeout_s):
-                await app(scope, receive, send)
+            set_meta(scope, meta_of(scope).scheduled(priority, timeout_s))
+            await app(scope, receive, send)
 
         return middleware
 

@@ -12,9 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from service.inference import StructuredOutput
-
-MAX_CHOICES = 256
+from service.inference import MAX_CHOICES, StructuredOutput
 
 
 class StructuredOutputs(BaseModel):

@@ -16,6 +16,7 @@ from service.api.oip.tasks import Call, Signature, bind_inputs, flag, run, sched
 from service.api.oip.tensors import Output, Tensor
 from service.errors import InvalidInputError
 from service.inference import CacheControl, InferenceService, Outcome
+from service.metadata import RequestMeta
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ def _requested(
     return wanted
 
 
-async def infer(core: InferenceService, call: InferCall) -> InferResult:
-    model = await core.served(call.model_name, version=call.model_version)
+async def infer(core: InferenceService, call: InferCall, meta: RequestMeta) -> InferResult:
+    model = await core.served(meta, call.model_name, version=call.model_version)
     sig = signature(model)
     inputs = bind_inputs(model.name, sig, call.tensors)
     parameters = dict(call.parameters)
@@ -65,8 +66,8 @@ async def infer(core: InferenceService, call: InferCall) -> InferResult:
     use_cache = flag(parameters, "cache", True)
     wanted = _requested(model.name, sig, call.outputs, binary_default)
     cache = CacheControl.of(use_cache, call.use_cache_header, call.cache_scope)
-    with scheduling_of(parameters):
-        outcome, outputs = await run(model, inputs, parameters, Call(core, cache, call.request_id))
+    scheduled = scheduling_of(meta, parameters)
+    outcome, outputs = await run(model, inputs, parameters, Call(core, cache, call.request_id, scheduled))
     by_name = {o.name: o for o in outputs}
     selected = (  # in the order asked for; all of them, in the model's order, when none is named
         [(by_name[name], binary) for name, binary in wanted.items()]

@@ -17,22 +17,22 @@ from service.access.keys import ControlAccess
 from service.api.oip.metadata import has_tensors
 from service.errors import ControlOffError, ForbiddenError, InvalidInputError, ModelNotFoundError
 from service.inference import InferenceService, ModelState
+from service.metadata import RequestMeta
 
 NO_TENSORS = "its task has no tensors on the v2 protocol"
 
 
-def index(core: InferenceService, ready_only: bool) -> list[ModelState]:
-    """Every model folder and served model with its state; ``ready_only``: those that answer now."""
+def index(core: InferenceService, meta: RequestMeta, ready_only: bool) -> list[ModelState]:
+    """Every model folder and served model with its state that the caller may know of (``core.repository``:
+    a key with a model list sees only those); ``ready_only``: those that answer now."""
     out = []
-    for state in core.repository():
+    for state in core.repository(meta):
         if state.state == "READY":
             try:
-                if not has_tensors(core.model(state.name)):
+                if not has_tensors(core.model(meta, state.name)):
                     state = replace(state, state="UNAVAILABLE", reason=NO_TENSORS)
             except ModelNotFoundError:  # unloaded since the index was read
                 continue
-            except ForbiddenError:  # not the caller's to use (API_KEYS_FILE): listed as it stands
-                pass
         if not ready_only or state.state == "READY":
             out.append(state)
     return out

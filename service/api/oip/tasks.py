@@ -19,7 +19,6 @@ core's parameter names back to the protocol's (``text[2]``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,7 +37,8 @@ from service.inference import (
     TensorSpec,
     image_bytes,
 )
-from service.inference.scheduling import priority_of_triton, scheduled, timeout_of
+from service.inference.scheduling import priority_of_triton, timeout_of
+from service.metadata import RequestMeta
 
 # Request parameters every model takes: the binary extension's, the response cache's, and Triton's
 # scheduling hints that a dynamic batcher without priorities accepts and ignores.
@@ -67,6 +67,7 @@ class Call:
     core: InferenceService
     cache: CacheControl
     request_id: str
+    meta: RequestMeta  # its key, and its scheduling refined by its parameters (``scheduling_of``)
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,12 @@ def signature(model: ServedModel) -> Signature:
 # --- parameters: the protocol's names -> the core's -----------------------------------------------
 
 
-def scheduling_of(parameters: Mapping[str, Any]) -> AbstractContextManager[Any]:
-    """The request's ``priority`` (Triton's levels) and ``timeout`` (µs), for the core's queues."""
+def scheduling_of(meta: RequestMeta, parameters: Mapping[str, Any]) -> RequestMeta:
+    """The request's metadata with its ``priority`` (Triton's levels) and ``timeout`` (µs), for the core's
+    queues."""
     priority = parameters.get("priority")
     timeout = parameters.get("timeout")
-    return scheduled(
+    return meta.with_body(
         None if priority is None else priority_of_triton(priority, "parameters.priority"),
         None if timeout is None else timeout_of(timeout, "parameters.timeout", 1e-6),
     )
@@ -265,5 +267,5 @@ async def run(
     values, names = core_parameters(model.name, contract, parameters)
     contexts = contract.inputs[1].name if len(contract.inputs) > 1 else None
     with field_names(contract.inputs[0].name, names, contexts):
-        outcome = await call.core.infer(model.ref, columns, values, call.cache, call.request_id)
+        outcome = await call.core.infer(call.meta, model.ref, columns, values, call.cache, call.request_id)
     return outcome, outputs_of(model, outcome.results)

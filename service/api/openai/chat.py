@@ -17,6 +17,7 @@ from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import json_post
+from service.api.http.meta import request_meta
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationChunks
@@ -134,15 +135,20 @@ class ChatController(Controller):
         OpenAI's ``{"error": {message, type, param, code}}``; invalid parameters answer 400."""
         core = services.inference
         request_id = request_id_of(request) or ""
-        with data.field_names(), data.scheduled():
+        with data.field_names():
+            meta = data.scheduled(request_meta(request))
             core.check_ready()
-            logprobs = ChatLogprobs(await core.served(data.model, task="text-generation"))
+            logprobs = ChatLogprobs(await core.served(meta, data.model, task="text-generation"))
             prompt = await core.chat_prompt(
-                data.template_messages(), data.model, data.add_generation_prompt, data.chat_template_kwargs
+                meta,
+                data.template_messages(),
+                data.model,
+                data.add_generation_prompt,
+                data.chat_template_kwargs,
             )
             if data.stream:
                 streams = await core.open_streams(
-                    [prompt], data.sampling_params(), data.model, request_id, data.choices
+                    meta, [prompt], data.sampling_params(), data.model, request_id, data.choices
                 )
                 return GenerationChunks(
                     _chunks(data, request, streams, logprobs),
@@ -153,6 +159,7 @@ class ChatController(Controller):
             outcome = await unless_disconnected(
                 request,
                 core.generate(
+                    meta,
                     [prompt],
                     data.sampling_params(),
                     data.model,

@@ -23,6 +23,7 @@ from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import json_post
+from service.api.http.meta import request_meta
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationChunks
@@ -38,6 +39,7 @@ from service.api.openai.schemas import (
 )
 from service.errors import InvalidInputError
 from service.inference import Generation, GenerationStreams, ServedModel, TokenLogprob, TokenOut, Usage
+from service.metadata import RequestMeta
 
 log = logging.getLogger(__name__)
 
@@ -180,14 +182,16 @@ class CompletionsController(Controller):
         param, code}}``; invalid parameters answer 400.
         """
         core = services.inference
-        with data.field_names(), data.scheduled():
+        with data.field_names():
+            meta = data.scheduled(request_meta(request))
             core.check_ready()
-            texts = TokenTexts(await core.served(data.model, task="text-generation"))
+            texts = TokenTexts(await core.served(meta, data.model, task="text-generation"))
             if data.stream:
-                return await self._stream(request, data, services, texts)
+                return await self._stream(request, data, services, texts, meta)
             outcome = await unless_disconnected(
                 request,
                 core.generate(
+                    meta,
                     data.prompts,
                     data.sampling_params(),
                     data.model,
@@ -214,14 +218,19 @@ class CompletionsController(Controller):
         return Response(body)
 
     async def _stream(
-        self, request: Request[Any, Any, Any], data: CompletionRequest, services: Services, texts: TokenTexts
+        self,
+        request: Request[Any, Any, Any],
+        data: CompletionRequest,
+        services: Services,
+        texts: TokenTexts,
+        meta: RequestMeta,
     ) -> Response[Any]:
         if data.echo and data.logprobs is not None:
             raise InvalidInputError(
                 "echo with logprobs is answered without streaming (stream: false)", "echo", "unsupported"
             )
         streams = await services.inference.open_streams(
-            data.prompts, data.sampling_params(), data.model, request_id_of(request) or "", data.choices
+            meta, data.prompts, data.sampling_params(), data.model, request_id_of(request) or "", data.choices
         )
         body = _chunks(data, request, streams, texts)
         return GenerationChunks(

@@ -22,6 +22,7 @@ from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.http.guards import json_post
+from service.api.http.meta import request_meta
 from service.api.openai.errors import OPENAI_ERRORS, OPENAI_EXCEPTION_HANDLERS
 from service.api.openai.schemas import Scheduled
 
@@ -114,8 +115,11 @@ class EmbeddingsController(Controller):
         (little-endian float32). ``dimensions`` other than the model's own is refused (400): its
         embeddings were not trained to be shortened. Errors are OpenAI's ``{"error": {message, type,
         param, code}}``; invalid parameters answer 400."""
-        work = services.inference.embed(data.texts, True, data.model, cache_control(request), data.dimensions)
-        with data.field_names(), data.scheduled():
+        with data.field_names():
+            meta = data.scheduled(request_meta(request))
+            work = services.inference.embed(
+                meta, data.texts, True, data.model, cache_control(request), data.dimensions
+            )
             outcome = await unless_disconnected(request, work)
         return EmbeddingsResponse(
             data=[EmbeddingData.of(i, e.vector, data.encoding_format) for i, e in enumerate(outcome.results)],

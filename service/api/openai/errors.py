@@ -25,7 +25,15 @@ from service.api.openai.schemas import OpenAIErrorBody, OpenAIErrorDetail
 from service.errors import Problem, problem_of
 
 # The paths whose errors are OpenAI-shaped, also when a middleware answers (auth, overload).
-OPENAI_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
+OPENAI_PATHS = (
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/score",
+)
 
 
 def is_openai_path(path: str) -> bool:

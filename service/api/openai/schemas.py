@@ -9,7 +9,6 @@ ignored; unknown fields too.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,7 +21,8 @@ from service.api.openai.structured import StructuredFields
 from service.errors import KINDS, InvalidInputError
 from service.inference import SamplingParams
 from service.inference.params import logit_bias
-from service.inference.scheduling import priority_of_vllm, scheduled
+from service.inference.scheduling import priority_of_vllm
+from service.metadata import RequestMeta
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default, not the service's (the core's is 64)
 DEFAULTS = SamplingParams()  # every other default: the engine's own
@@ -58,10 +58,10 @@ class Scheduled(BaseModel):
         "(504); a generation running then ends (finish_reason length)",
     )
 
-    def scheduled(self) -> AbstractContextManager[Any]:
-        """Within the block, the core queues this request's work with its priority and deadline."""
+    def scheduled(self, meta: RequestMeta) -> RequestMeta:
+        """The request's metadata with this body's priority and deadline, for the core's queues."""
         priority = None if self.priority is None else priority_of_vllm(self.priority, "priority")
-        return scheduled(priority, self.timeout_ms / 1000 if self.timeout_ms is not None else None)
+        return meta.with_body(priority, self.timeout_ms / 1000 if self.timeout_ms is not None else None)
 
 
 def check_generation_extras(body: Any, new_tokens: int) -> None:

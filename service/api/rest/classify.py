@@ -19,6 +19,7 @@ from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.fields import FieldNames
 from service.api.http.guards import json_post, require_multipart
+from service.api.http.meta import request_meta
 from service.api.rest.envelope import envelope
 from service.api.rest.schemas.classify import (
     MAX_TOP_K,
@@ -45,15 +46,20 @@ class ClassifyController(Controller):
         a 422 naming ``model``.
         """
         core, cache = services.inference, cache_control(request, data.cache)
-        with data.field_names() as names, data.scheduled():
+        with data.field_names() as names:
+            meta = data.scheduled(request_meta(request))
             if data.is_image:
                 images = [
                     image_bytes(names.field("inputs", i) or "image", value, core.limits.max_image_bytes)
                     for i, value in enumerate(data.inputs)
                 ]
-                work = core.classify_images(images, data.top_k, data.model, cache, data.attention_query())
+                work = core.classify_images(
+                    meta, images, data.top_k, data.model, cache, data.attention_query()
+                )
             else:
-                work = core.classify_texts(data.inputs, data.top_k, data.model, cache, data.attention_query())
+                work = core.classify_texts(
+                    meta, data.inputs, data.top_k, data.model, cache, data.attention_query(), data.truncation
+                )
             outcome = await unless_disconnected(request, work)
         return ClassifyResponse(
             **envelope(outcome), results=[ClassificationOut.of(c) for c in outcome.results]
@@ -87,8 +93,9 @@ class ClassifyController(Controller):
             AttentionQuery(data.attention_layer, data.attention_head) if data.return_attention else None
         )
         content = await data.file.read()
+        meta = request_meta(request)
         work = services.inference.classify_images(
-            [content], data.top_k, data.model or None, cache_control(request), attention
+            meta, [content], data.top_k, data.model or None, cache_control(request), attention
         )
         with FieldNames({}, {"inputs": "file"}):
             outcome = await unless_disconnected(request, work)

@@ -9,6 +9,7 @@ from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
+from service.api.http.meta import request_meta
 from service.api.rest.envelope import envelope
 from service.api.rest.schemas.extract import AnswerOut, EntitiesOut, ExtractBody, ExtractResponse
 
@@ -28,15 +29,26 @@ class ExtractController(Controller):
             cache_control(request, data.cache),
             data.attention_query(),
         )
-        with data.field_names(), data.scheduled():
+        with data.field_names():
+            meta = data.scheduled(request_meta(request))
             if data.task == "entities":
                 tagged = await unless_disconnected(
-                    request, core.entities(data.inputs, data.model, cache, attention)
+                    request,
+                    core.entities(
+                        meta,
+                        data.inputs,
+                        data.model,
+                        cache,
+                        attention,
+                        data.truncation,
+                        data.aggregation_strategy,
+                        data.ignore_labels,
+                    ),
                 )
                 entities = [EntitiesOut.of(e) for e in tagged.results]
                 return ExtractResponse(**envelope(tagged), task="entities", results=entities)
             outcome = await unless_disconnected(
-                request, core.answer(data.pairs(), data.model, cache, attention)
+                request, core.answer(meta, data.pairs(), data.model, cache, attention)
             )
         return ExtractResponse(
             **envelope(outcome), task="qa", results=[AnswerOut.of(a) for a in outcome.results]

@@ -12,6 +12,7 @@ from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.errors import INFERENCE_ERRORS
 from service.api.http.guards import json_post
+from service.api.http.meta import request_meta
 from service.api.http.openapi import also_answers
 from service.api.http.request_id import request_id_of
 from service.api.rest.envelope import envelope
@@ -47,14 +48,20 @@ class GenerateController(Controller):
         """
         core, request_id = services.inference, request_id_of(request) or ""
         params = data.sampling_params()
-        with data.field_names(), data.scheduled():
+        with data.field_names():
+            meta = data.scheduled(request_meta(request))
             if data.stream:
-                streams = await core.open_streams(data.prompts_given, params, data.model, request_id)
+                streams = await core.open_streams(meta, data.prompts_given, params, data.model, request_id)
                 return generation_events(streams, request_id or None)
             outcome = await unless_disconnected(
                 request,
                 core.generate(
-                    data.prompts_given, params, data.model, cache_control(request, data.cache), request_id
+                    meta,
+                    data.prompts_given,
+                    params,
+                    data.model,
+                    cache_control(request, data.cache),
+                    request_id,
                 ),
             )
         results = [GenerationOut.of(g) for g in outcome.results]

@@ -7,7 +7,8 @@ from typing import Any
 from litestar import Controller, Request, Response, get
 from litestar.openapi.datastructures import ResponseSpec
 
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
+from service.api.http.meta import request_meta
 from service.api.http.openapi import also_answers
 from service.api.rest.schemas.system import (
     LiveResponse,
@@ -96,21 +97,21 @@ class ModelsController(Controller):
     tags = ("models",)
 
     @get(summary="Loaded models (OpenAI's list), refused folders and request limits")
-    async def models(self, services: Services) -> ModelsResponse:
+    async def models(self, services: Services, request: HttpRequest) -> ModelsResponse:
         """OpenAI's ``{"object": "list", "data": [{id, object, created, owned_by, ...}]}``; each model also
         carries its task, version, execution provider, labels, limits and validation figures, and the
         list the folders refused at start-up and this deployment's request limits. ``models`` is a
         deprecated alias of ``data``, kept for one release."""
-        core = services.inference
-        listed = [describe(m) for m in core.models()]
+        core, meta = services.inference, request_meta(request)
+        listed = [describe(m) for m in core.models(meta)]
         return ModelsResponse(
             data=listed,
             models=listed,
-            refused=[RefusedOut(name=n, reason=r) for n, r in core.refused().items()],
+            refused=[RefusedOut(name=n, reason=r) for n, r in core.refused(meta).items()],
             not_served=[
                 NotServedOut(name=s.name, state=s.state, reason=s.reason)
-                for s in core.repository()
-                if s.state != "READY" and s.name not in core.refused()
+                for s in core.repository(meta)
+                if s.state != "READY" and s.name not in core.refused(meta)
             ],
             limits=RequestLimitsOut.model_validate(core.limits, from_attributes=True),
         )
@@ -135,7 +136,7 @@ class HealthController(Controller):
             )
         },
     )
-    async def ready(self, inference: InferenceService) -> Response[ReadyResponse]:
+    async def ready(self, inference: InferenceService, request: HttpRequest) -> Response[ReadyResponse]:
         """200 once every loaded model is warmed up; 503 while starting, draining or stopping, with no model
         at all, or (a front end of the split service) while its engine process restarts.
 
@@ -143,15 +144,16 @@ class HealthController(Controller):
         an unreachable Redis: the cache fails open (``cache: degraded``) and requests are served uncached.
         """
         status: str = inference.phase
-        names = [m.name for m in inference.models()]
-        if status == "ready" and not names:
+        meta = request_meta(request)
+        names = [m.name for m in inference.models(meta)]  # the ones the caller may know of
+        if status == "ready" and not inference.models(meta, every_key=True):
             status = "no_models"
         if status == "ready" and not inference.host.up:  # a front end whose engine process is restarting
             status = "engine_restarting"
         body = ReadyResponse(
             status=status,
             models={name: "ready" if status == "ready" else status for name in names},
-            refused=inference.refused(),
+            refused=inference.refused(meta),
             cache=await inference.cache.status(),
             cache_backend=inference.cache.kind,
         )

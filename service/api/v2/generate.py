@@ -19,6 +19,7 @@ from service.api.http.caching import cache_control
 from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
 from service.api.http.guards import read_json
+from service.api.http.meta import request_meta
 from service.api.http.request_id import request_id_of
 from service.api.http.streaming import GenerationEvents, sse_event
 from service.api.oip.tasks import core_parameters, field_names, flag, scheduling_of
@@ -35,6 +36,7 @@ from service.inference import (
     TranslationSequence,
 )
 from service.inference.params import decoding_params, sampling_params
+from service.metadata import RequestMeta
 
 _GENERATE_TASKS = ("text-generation", "translation")
 
@@ -58,8 +60,8 @@ def _paths(suffix: str) -> list[str]:
     ]
 
 
-async def _model(core: InferenceService, name: str, version: str | None) -> ServedModel:
-    model = await core.served(name, version=version)
+async def _model(core: InferenceService, meta: RequestMeta, name: str, version: str | None) -> ServedModel:
+    model = await core.served(meta, name, version=version)
     if model.task not in _GENERATE_TASKS:
         raise InvalidInputError(
             f"model {name!r} serves {model.task}; generate takes a text-generation or translation model",
@@ -71,6 +73,7 @@ async def _model(core: InferenceService, name: str, version: str | None) -> Serv
 
 async def _translation(
     core: InferenceService,
+    meta: RequestMeta,
     model: ServedModel,
     text: str,
     parameters: dict[str, Any],
@@ -80,7 +83,7 @@ async def _translation(
     values, names = core_parameters(model.name, model.contract, parameters)
     cache = cache_control(request, flag(parameters, "cache", True))
     with field_names("text_input", names):
-        work = core.translate([text], decoding_params(**values), model.ref, cache)
+        work = core.translate(meta, [text], decoding_params(**values), model.ref, cache)
         outcome = await unless_disconnected(request, work)
     return outcome, outcome.results[0].sequences[0]
 
@@ -108,24 +111,25 @@ class GenerateExtensionController(Controller):
         top_p, repetition_penalty, seed, stop); translator: its translation (beam_size, max_new_tokens,
         length_penalty)."""
         core = services.inference
-        model = await _model(core, model_name, model_version)
+        meta = request_meta(request)
+        model = await _model(core, meta, model_name, model_version)
         parameters = _parameters(data)
-        with scheduling_of(parameters):
-            outcome: Outcome[Any]
-            if model.task == "translation":
-                outcome, best = await _translation(core, model, data.text_input, parameters, request)
-                text, finish = best.text, best.finish_reason
-            else:
-                values, names = core_parameters(model.name, model.contract, parameters)
-                cache = cache_control(request, flag(parameters, "cache", True))
-                with field_names("text_input", names):
-                    params = sampling_params(**values)
-                    work = core.generate(
-                        [data.text_input], params, model.ref, cache, request_id_of(request) or ""
-                    )
-                    generated = await unless_disconnected(request, work)
-                outcome = generated
-                text, finish = generated.results[0].text, generated.results[0].finish_reason
+        meta = scheduling_of(meta, parameters)
+        outcome: Outcome[Any]
+        if model.task == "translation":
+            outcome, best = await _translation(core, meta, model, data.text_input, parameters, request)
+            text, finish = best.text, best.finish_reason
+        else:
+            values, names = core_parameters(model.name, model.contract, parameters)
+            cache = cache_control(request, flag(parameters, "cache", True))
+            with field_names("text_input", names):
+                params = sampling_params(**values)
+                work = core.generate(
+                    meta, [data.text_input], params, model.ref, cache, request_id_of(request) or ""
+                )
+                generated = await unless_disconnected(request, work)
+            outcome = generated
+            text, finish = generated.results[0].text, generated.results[0].finish_reason
         return GenerateResponse(
             id=data.id,
             model_name=outcome.model,
@@ -152,22 +156,23 @@ class GenerateExtensionController(Controller):
         ``finish_reason``; the translator sends one chunk with the whole translation. An error after the
         first chunk arrives as ``data: {"error": "..."}``; errors before it are ordinary HTTP errors."""
         core = services.inference
-        model = await _model(core, model_name, model_version)
+        meta = request_meta(request)
+        model = await _model(core, meta, model_name, model_version)
         parameters = _parameters(data)
         base: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
         if data.id is not None:
             base = {"id": data.id, **base}
-        with scheduling_of(parameters):
-            if model.task == "translation":
-                _, best = await _translation(core, model, data.text_input, parameters, request)
-                chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
-                return ServerSentEvent(_single(chunk))
-            flag(parameters, "cache", True)  # checked, though a stream is never cached
-            values, names = core_parameters(model.name, model.contract, parameters)
-            with field_names("text_input", names):
-                streams = await core.open_streams(
-                    [data.text_input], sampling_params(**values), model.ref, request_id_of(request) or ""
-                )
+        meta = scheduling_of(meta, parameters)
+        if model.task == "translation":
+            _, best = await _translation(core, meta, model, data.text_input, parameters, request)
+            chunk = {**base, "text_output": best.text, "finish_reason": best.finish_reason}
+            return ServerSentEvent(_single(chunk))
+        flag(parameters, "cache", True)  # checked, though a stream is never cached
+        values, names = core_parameters(model.name, model.contract, parameters)
+        with field_names("text_input", names):
+            streams = await core.open_streams(
+                meta, [data.text_input], sampling_params(**values), model.ref, request_id_of(request) or ""
+            )
         return GenerationEvents(_token_chunks(streams, base, request), streams)
 
 

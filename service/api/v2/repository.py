@@ -14,6 +14,7 @@ from service.access.keys import ControlAccess, presented_key
 from service.api.http.body_schema import json_schema_of
 from service.api.http.client_json import parse_client_json
 from service.api.http.deps import Services
+from service.api.http.meta import request_meta
 from service.api.http.openapi import request_body
 from service.api.oip import repository
 from service.api.v2.errors import V2_EXCEPTION_HANDLERS, v2_error_responses
@@ -66,7 +67,7 @@ class RepositoryController(Controller):
         ready_only = bool((await _body(request, RepositoryIndexRequest)).ready)
         return [
             RepositoryModel(name=s.name, version=s.version, state=s.state, reason=s.reason)
-            for s in repository.index(services.inference, ready_only)
+            for s in repository.index(services.inference, request_meta(request), ready_only)
         ]
 
     @post(

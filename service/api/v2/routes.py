@@ -20,8 +20,9 @@ from pydantic import ValidationError
 
 from service.api.http.auth import cache_scope_of
 from service.api.http.body_schema import json_schema_of
-from service.api.http.deps import Services
+from service.api.http.deps import HttpRequest, Services
 from service.api.http.disconnect import unless_disconnected
+from service.api.http.meta import request_meta
 from service.api.http.openapi import also_answers, request_body
 from service.api.http.request_id import request_id_of
 from service.api.oip.infer import InferCall, infer
@@ -47,6 +48,7 @@ from service.api.v2.schemas import (
 from service.api.v2.tensors import decompress, encode_response, read_inputs, split_body
 from service.errors import InvalidInputError
 from service.inference import InferenceService, Outcome, ServedModel, TensorSpec
+from service.metadata import RequestMeta
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _UNKNOWN = v2_error_responses(404, 503)  # metadata: unknown model or version; overloaded
@@ -59,10 +61,10 @@ def _paths(suffix: str = "") -> list[str]:
     return [MODEL + suffix, VERSIONED + suffix]
 
 
-async def resolve(core: InferenceService, name: str, version: str | None) -> ServedModel:
+async def resolve(core: InferenceService, meta: RequestMeta, name: str, version: str | None) -> ServedModel:
     """The served model ``name`` (with a budget, loaded on demand as for infer); with ``version``, only if that
     is a loaded version (the manifest's hash)."""
-    return await core.served(name, version=version)
+    return await core.served(meta, name, version=version)
 
 
 def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -146,9 +148,13 @@ class OpenInferenceController(Controller):
 
     @get(_paths(), summary="Model metadata: versions, platform, input and output tensors", responses=_UNKNOWN)
     async def model_metadata(
-        self, inference: InferenceService, model_name: str, model_version: str | None = None
+        self,
+        inference: InferenceService,
+        request: HttpRequest,
+        model_name: str,
+        model_version: str | None = None,
     ) -> ModelMetadata:
-        return model_metadata(await resolve(inference, model_name, model_version))
+        return model_metadata(await resolve(inference, request_meta(request), model_name, model_version))
 
     @get(
         _paths("/ready"),
@@ -163,9 +169,14 @@ class OpenInferenceController(Controller):
         },
     )
     async def model_ready(
-        self, inference: InferenceService, model_name: str, model_version: str | None = None
+        self,
+        inference: InferenceService,
+        request: HttpRequest,
+        model_name: str,
+        model_version: str | None = None,
     ) -> Response[ModelReadyOut]:
-        model, ready = inference.model_ready(model_name, model_version)
+        meta = request_meta(request)
+        model, ready = inference.model_ready(meta, model_name, model_version)
         if model is not None:
             signature(model)  # a model without v2 tensors is not there for a v2 client
         if model is None:  # known, not resident (unloaded, refused, or loading on its first request)
@@ -179,6 +190,7 @@ class OpenInferenceController(Controller):
     async def model_config(
         self,
         services: Services,
+        request: HttpRequest,
         model_name: str,
         model_version: str | None = None,
     ) -> dict[str, Any]:
@@ -187,7 +199,7 @@ class OpenInferenceController(Controller):
         ``max_batch_size`` is 0 because the batch axis is part of each tensor's ``dims`` (``-1``); the
         service batches requests itself (``dynamic_batching``), up to MAX_ITEMS items per request.
         """
-        model = await resolve(services.inference, model_name, model_version)
+        model = await resolve(services.inference, request_meta(request), model_name, model_version)
         sig = signature(model)
         return {
             "name": model.name,
@@ -235,7 +247,8 @@ class OpenInferenceController(Controller):
         docs/OPEN_INFERENCE_PROTOCOL.md. Outputs are JSON unless ``binary_data_output`` or an output's
         ``binary_data`` asks for binary."""
         # an unknown model is a 404 before the body; one of the repository not resident loads in ``infer``
-        services.inference.check_servable(model_name, model_version)
+        meta = request_meta(request)
+        services.inference.check_servable(meta, model_name, model_version)
         raw = decompress(
             await request.body(),
             request.headers.get("content-encoding"),
@@ -253,5 +266,5 @@ class OpenInferenceController(Controller):
             request_id_of(request) or "",
             cache_scope_of(request),
         )
-        result = await unless_disconnected(request, infer(services.inference, call))
+        result = await unless_disconnected(request, infer(services.inference, call, meta))
         return _infer_response(result.outcome, body.id, result.outputs)

@@ -11,14 +11,14 @@ from pydantic import BaseModel, Field, model_validator
 from service.api.http.body_schema import Text, exactly_one_of, json_body
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one
+from service.api.rest.schemas.common import InferenceResponse, Request, Truncating, exactly_one
 from service.inference import Classification
 
 MAX_TOP_K = 100
 Base64Image = str  # the byte limit is MAX_IMAGE_BYTES after decoding; the body limit bounds the text
 
 
-class ClassifyRequest(Request, AttentionFields):
+class ClassifyRequest(Request, AttentionFields, Truncating):
     """Exactly one of ``text``, ``texts``, ``image``, ``images``; text and images need different models."""
 
     text: Text | None = Field(default=None, description="One text (at most MAX_TEXT_CHARS characters)")
@@ -39,6 +39,8 @@ class ClassifyRequest(Request, AttentionFields):
     def _one_input(self) -> ClassifyRequest:
         values = {"text": self.text, "texts": self.texts, "image": self.image, "images": self.images}
         exactly_one(values, "text", "texts", "image", "images")
+        if self.is_image:
+            self.text_only("images")
         return self
 
     @property

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -11,9 +10,10 @@ from pydantic_core import PydanticCustomError
 from service.api.http.body_model import NoBooleanNumbers
 from service.api.http.body_schema import ModelName, Text
 from service.api.http.fields import FieldNames, one_or_many
-from service.inference import Usage
+from service.inference import CUT_RIGHT, Truncation, Usage
 from service.inference.params import RANGES
-from service.inference.scheduling import CLASSES, scheduled
+from service.inference.scheduling import CLASSES
+from service.metadata import RequestMeta
 
 
 def ranged(name: str, default: Any, description: str) -> Any:
@@ -55,12 +55,42 @@ class Request(NoBooleanNumbers):
         "finish_reason deadline",
     )
 
-    def scheduled(self) -> AbstractContextManager[Any]:
-        """Within the block, the core queues this request's work with its priority and deadline."""
-        return scheduled(
+    def scheduled(self, meta: RequestMeta) -> RequestMeta:
+        """The request's metadata with this body's priority and deadline, for the core's queues."""
+        return meta.with_body(
             CLASSES[self.priority] if self.priority is not None else None,
             self.timeout_ms / 1000 if self.timeout_ms is not None else None,
         )
+
+
+class Truncating(BaseModel):
+    """What becomes of a text longer than the model's window (TEI's fields): by default it is cut at its end
+    and flagged ``truncated``."""
+
+    truncate: bool | None = Field(
+        default=None,
+        description="true or null (the default): a text longer than the model's window is cut to it and "
+        "flagged `truncated`; false: such a text is refused (422 naming it), as TEI answers",
+    )
+    truncation_direction: Literal["left", "right"] = Field(
+        default="right", description="right: the text's end is cut (the default); left: its start is"
+    )
+
+    @property
+    def truncation(self) -> Truncation:
+        if self.truncate is None and self.truncation_direction == "right":
+            return CUT_RIGHT
+        return Truncation(self.truncate is not False, self.truncation_direction)
+
+    def text_only(self, task: str) -> None:
+        """A task that does not cut texts to one window (images, QA's sliding windows) refuses the fields."""
+        for name in ("truncate", "truncation_direction"):
+            if name in self.model_fields_set:
+                raise PydanticCustomError(
+                    "wrong_task_field",
+                    "{name} applies to texts cut to one window, not to {task}",
+                    {"name": name, "task": task, "field": name},
+                )
 
 
 def exactly_one(values: dict[str, Any], *fields: str) -> None:

@@ -7,11 +7,11 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from service.api.http.body_schema import exactly_one_of, json_body
-from service.api.rest.schemas.common import InferenceResponse, TextInput
+from service.api.rest.schemas.common import InferenceResponse, TextInput, Truncating
 from service.inference import Embedding
 
 
-class EmbedRequest(TextInput):
+class EmbedRequest(TextInput, Truncating):
     normalize: bool = Field(
         default=True,
         description="true: unit-length vectors (compare them by dot product = cosine); false: the mean of "

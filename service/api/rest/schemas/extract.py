@@ -10,7 +10,7 @@ from pydantic_core import PydanticCustomError
 from service.api.http.body_schema import Text, alternative, json_body
 from service.api.http.fields import FieldNames, one_or_many
 from service.api.rest.schemas.attention import AttentionFields, AttentionOut, WithAttention
-from service.api.rest.schemas.common import InferenceResponse, Request, exactly_one
+from service.api.rest.schemas.common import InferenceResponse, Request, Truncating, exactly_one
 from service.inference import Answer, Entities
 
 
@@ -21,7 +21,7 @@ class QAPair(BaseModel):
     context: Text = Field(description="At most MAX_CONTEXT_CHARS characters; long ones use a sliding window")
 
 
-class ExtractRequest(Request, AttentionFields):
+class ExtractRequest(Request, AttentionFields, Truncating):
     """One schema for both tasks; fields that belong to the other task are rejected, naming them.
 
     qa: ``question`` + ``context`` (one pair) or ``items`` (a batch of pairs).
@@ -36,10 +36,31 @@ class ExtractRequest(Request, AttentionFields):
     )
     text: Text | None = Field(default=None, description="entities: one text")
     texts: list[Text] | None = Field(default=None, min_length=1, description="entities: a batch of texts")
+    aggregation_strategy: Literal["none", "simple", "first", "average", "max"] | None = Field(
+        default=None,
+        description="entities: how tokens' tags become entities, as transformers' pipeline defines it (none: "
+        "every token with its full tag; simple: runs of tokens; first/average/max: a word's tag from its first "
+        "sub-token, their mean probabilities or its most confident one); default: the model's own (first for "
+        "the house tagger, simple for imported ones)",
+    )
+    ignore_labels: list[str] | None = Field(
+        default=None,
+        max_length=64,
+        description='entities: labels left out of the answer (default ["O"]; with either field, the '
+        "grouping is transformers' own)",
+    )
 
     @model_validator(mode="after")
     def _fields_fit_the_task(self) -> ExtractRequest:
         qa_fields = ("question", "context", "items")
+        if self.task == "qa":
+            for name in ("aggregation_strategy", "ignore_labels"):
+                if getattr(self, name) is not None:
+                    raise PydanticCustomError(
+                        "wrong_task_field",
+                        "{name} does not belong to task {task}",
+                        {"name": name, "task": self.task, "field": name},
+                    )
         other = qa_fields if self.task == "entities" else ("text", "texts")
         for name in other:
             if getattr(self, name) is not None:
@@ -51,6 +72,7 @@ class ExtractRequest(Request, AttentionFields):
         if self.task == "entities":
             exactly_one({"text": self.text, "texts": self.texts}, "text", "texts")
             return self
+        self.text_only("qa (its contexts are read in sliding windows)")
         single = self.question is not None or self.context is not None
         if single and self.items is not None:
             raise PydanticCustomError(
