@@ -1,7 +1,9 @@
 """How the suite is spread over pytest-xdist's workers (`make test` runs ``-n N --dist loadscope``).
 
 A unit of work is a test module, or a group of modules that must not run beside each other (``TOGETHER``),
-so that a module's server fixtures start once.
+so that a module's server fixtures start once. A module whose tests share no module-scoped fixture and
+each take minutes (``ONE_BY_ONE``) is split: each of its tests is a unit, so that its long tests run side by
+side instead of one after another at the end of the run.
 The groups are named here by module path, not with ``xdist_group`` marks: the controller, which hands
 the units out, sees node ids only, and pytest 9.2 no longer lets xdist write the group into them.
 Units are handed out longest first (longest processing time first, the classic makespan heuristic), by
@@ -26,11 +28,19 @@ DURATIONS = Path(__file__).with_name("durations.json")
 # build and then reuses its layers, and only the compose test publishes fixed ports.
 TOGETHER: dict[str, tuple[str, ...]] = {}
 GROUP_OF = {module: group for group, modules in TOGETHER.items() for module in modules}
+# Modules whose tests are units of their own: every fixture they use is per test or per session (the tiny
+# models), and one unit of them ran alone on one core for the last 3 minutes of a 20-minute run.
+ONE_BY_ONE = frozenset(
+    {"tests/test_training.py", "tests/reliability/test_shutdown.py", "tests/test_benchmarks.py"}
+)
 
 
 def unit_of_nodeid(nodeid: str) -> str:
-    """The unit a test is scheduled with: its module's group, else its module's path."""
+    """The unit a test is scheduled with: its module's group, else the test itself in a ``ONE_BY_ONE``
+    module, else its module's path."""
     module = nodeid.split("::", 1)[0]
+    if module in ONE_BY_ONE:
+        return nodeid
     return GROUP_OF.get(module, module)
 
 
@@ -61,15 +71,32 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 class DurationRecorder:
-    """Seconds per unit (set-up, call and teardown of every test in it), written at the end of the run."""
+    """Seconds per unit (set-up, call and teardown of every test in it), written at the end of the run,
+    and beside them (``PATH`` with ``.timeline.json``) when each unit began and ended on which worker:
+    what a run spent waiting on its last unit."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.seconds: dict[str, float] = defaultdict(float)
+        self.spans: dict[str, list[Any]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[unit_of_nodeid(report.nodeid)] += report.duration
+        unit = unit_of_nodeid(report.nodeid)
+        self.seconds[unit] += report.duration
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        span = self.spans.setdefault(unit, [getattr(worker, "id", "main"), report.start, report.stop])
+        span[1], span[2] = min(span[1], report.start), max(span[2], report.stop)
 
     def pytest_sessionfinish(self) -> None:
         ranked = dict(sorted(self.seconds.items(), key=lambda kv: -kv[1]))
         self.path.write_text(json.dumps({k: round(v, 1) for k, v in ranked.items()}, indent=1) + "\n")
+        begun = min((span[1] for span in self.spans.values()), default=0.0)
+        timeline = sorted(
+            (
+                [unit, worker, round(start - begun, 1), round(stop - begun, 1)]
+                for unit, (worker, start, stop) in self.spans.items()
+            ),
+            key=lambda row: row[2],
+        )
+        rows = ",\n".join(json.dumps(row) for row in timeline)
+        self.path.with_suffix(".timeline.json").write_text(f"[\n{rows}\n]\n")
