@@ -157,8 +157,9 @@ def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str
 
 
 class ServiceError(Exception):
-    """Base of every error the service raises on purpose; ``kind`` says which (``KINDS``). Picklable whatever
-    a subclass's ``__init__`` takes, for the split service's engine process to send to a front end."""
+    """Base of every error the service raises on purpose; ``kind`` says which (``KINDS``). Copyable and
+    picklable whatever a subclass's ``__init__`` takes; between the split service's processes it crosses as
+    a ``service/ipc/payloads.WireError``, its class and attributes kept."""
 
     def __reduce__(self) -> tuple[object, ...]:
         return _rebuild, (type(self), self.args, self.__dict__)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
@@ -477,17 +478,118 @@ def test_the_wire_carries_arrays_without_a_copy_and_errors_as_they_were() -> Non
     """The payloads' codec: arrays out of band (each its own frame), errors rebuilt with their fields."""
     from service.engine.errors import QueueFullError
     from service.errors import InvalidInputError
-    from service.ipc.channel import pack, unpack
+    from service.ipc.payloads import decode_values, encode_values
 
     small, large = np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(64 * 1024, dtype=np.float32)
-    frames = pack([small, large, {"ids": [1, 2]}])
-    assert len(frames) == 2 and bytes(frames[1].raw()) == large.tobytes()  # the large one out of band
-    back = unpack(frames)
-    assert np.array_equal(back[0], small) and np.array_equal(back[1], large) and back[2] == {"ids": [1, 2]}
-    error = unpack(pack(QueueFullError("m", 3, 2, displaced=True)))
-    assert isinstance(error, QueueFullError) and error.retry_after_s == 2 and error.displaced
-    invalid = unpack(pack(InvalidInputError("too long", "inputs", "too_long", 1)))
-    assert (invalid.field, invalid.reason, invalid.index) == ("inputs", "too_long", 1)
+    frames = encode_values([small, large, {"ids": [1, 2]}])
+    assert len(frames) == 2 and bytes(frames[1]) == large.tobytes()  # the large one out of band
+    first, second, third = decode_values(frames)
+    assert np.array_equal(first.value(np.ndarray), small) and first.value(np.ndarray).shape == (3, 4)
+    assert np.array_equal(second.value(np.ndarray), large)
+    assert np.shares_memory(second.value(np.ndarray), np.frombuffer(frames[1], np.uint8))  # no copy
+    assert third.value(dict[str, list[int]]) == {"ids": [1, 2]}
+    [error] = decode_values(encode_values([QueueFullError("m", 3, 2, displaced=True)]))
+    rebuilt = error.error()
+    assert isinstance(rebuilt, QueueFullError) and rebuilt.retry_after_s == 2 and rebuilt.displaced
+    [invalid] = decode_values(encode_values([InvalidInputError("too long", "inputs", "too_long", 1)]))
+    rebuilt = invalid.error()
+    assert isinstance(rebuilt, InvalidInputError)
+    assert (rebuilt.field, rebuilt.reason, rebuilt.index) == ("inputs", "too_long", 1)
+    [other] = decode_values(encode_values([KeyError("x")]))  # not one of the service's: its message crosses
+    assert type(other.error()).__name__ == "EngineError" and "KeyError" in str(other.error())
+
+
+def test_every_item_and_result_crosses_as_its_declared_type() -> None:
+    """One item and one result of every task, encoded and decoded into the types ``payloads`` declares, come
+    back equal, dataclasses and arrays included; a value of no declared type does not encode."""
+    from service.engine.generation_contract import GenerationRequest, GenerationResult
+    from service.engine.sampling import SamplingParams, TokenLogprob
+    from service.engine.seq2seq import Hypothesis, RowControls
+    from service.engine.structured_output import StructuredOutput
+    from service.ipc.payloads import (
+        GENERATION,
+        ITEMS,
+        RESULTS,
+        decode_values,
+        encode_values,
+        items_of,
+        results_of,
+    )
+    from service.pipelines.classify import PairIds
+    from service.pipelines.embed import Vectors
+    from service.pipelines.factory import PIPELINES
+    from service.pipelines.qa_spans import QAWindow, Span
+    from service.pipelines.translate import SourceItem
+
+    batched = {task for task, cls in PIPELINES.items() if task != "text-generation"}
+    assert set(ITEMS) == set(RESULTS) == batched, "every batched task declares its item and its result"
+    vector = np.linspace(0, 1, 8, dtype=np.float32)
+    items = {
+        "text-classification": [[101, 7, 102], PairIds([101, 7, 102, 9, 102], [0, 0, 0, 1, 1])],
+        "image-classification": [np.zeros((4, 4, 3), np.uint8)],
+        "translation": [
+            SourceItem([5, 6], 2, 10, 1.0, 1, RowControls((3,), 1, 2, 1.1, ((4, 5),), 1), (7, 8))
+        ],
+        "question-answering": [[QAWindow([1, 2, 3], [0, 1, 1], [None, (0, 4), (5, 9)])]],
+        "token-classification": [[1, 2, 3]],
+        "feature-extraction": [[1, 2]],
+    }
+    results = {
+        "text-classification": [vector],
+        "image-classification": [vector],
+        "translation": [[Hypothesis([1, 2], -0.5, -0.25, True, [-0.1, -0.4])]],
+        "question-answering": [Span(0, 4, 0.9, 0), None],
+        "token-classification": [np.ones((3, 5), np.float32)],
+        "feature-extraction": [Vectors(vector, vector * 2)],
+    }
+
+    def same(a: object, b: object) -> bool:
+        if isinstance(a, np.ndarray):
+            return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+        if isinstance(a, Vectors):
+            return isinstance(b, Vectors) and same(a.normalized, b.normalized) and same(a.pooled, b.pooled)
+        if isinstance(a, list):
+            return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+        return type(a) is type(b) and a == b
+
+    for task in batched:
+        for declared, values in ((items_of(task), items[task]), (results_of(task), results[task])):
+            [payload] = decode_values(encode_values([values]))
+            assert same(values, payload.value(declared)), task
+
+    sampling = SamplingParams(
+        max_new_tokens=4,
+        temperature=0.5,
+        stop=("\n",),
+        seed=3,
+        logit_bias=((1, -100.0),),
+        min_tokens=1,
+        structured_outputs=StructuredOutput("regex", "[ab]+"),
+        logprobs=2,
+    )
+    generation = [GenerationRequest([1, 2, 3], sampling, "req-1", "salt")]
+    token = TokenLogprob(5, -0.5, ((5, -0.5), (6, -1.5)))
+    result = GenerationResult([5, 6], "ab", "stop", 3, 2, 0.01, 0.02, [token, token], [TokenLogprob(1, None)])
+    for name, value in (("requests", generation), ("token", token), ("result", result)):
+        [payload] = decode_values(encode_values([value]))
+        assert payload.value(GENERATION[name]) == value, name
+
+    with pytest.raises(TypeError, match="not a declared payload type"):
+        encode_values([object()])
+    [wrong] = decode_values(encode_values([["not", "ids"]]))
+    with pytest.raises(msgspec.ValidationError):
+        wrong.value(items_of("token-classification"))
+
+
+def test_the_wire_protocol_is_the_one_written_down() -> None:
+    """Every payload type's fields, as ``payloads.protocol()`` describes them, are tests/wire_protocol.json:
+    a field added to an item, a result or a call, changes that file on purpose, never the wire by accident
+    (regenerate it with ``python -c 'import json; from service.ipc.payloads import protocol;
+    print(json.dumps(protocol(), indent=1))' > tests/wire_protocol.json`` once the change is meant)."""
+    from service.ipc.payloads import protocol
+
+    written = json.loads((Path(__file__).parent / "wire_protocol.json").read_text())
+    assert protocol() == written
 
 
 def test_a_front_end_sheds_low_priority_by_the_engines_queue(tiny_models: Path, tmp_path: Path) -> None:

@@ -151,7 +151,7 @@ def test_an_answer_that_cannot_be_read_fails_its_request_and_the_loop_goes_on() 
                     ids.append(envelope.id)
         engine.send([b"\xc1 not msgpack"])  # nothing readable at all: logged, nothing named
         head = msgspec.msgpack.encode(Batch([Reply(ids[0], True, payload=0)]))
-        engine.send([head, b"not a pickle"])  # a reply whose payload cannot be unpickled
+        engine.send([head, b"\xc1 not msgpack"])  # a reply whose payload cannot be decoded
         with pytest.raises(ModelUnavailableError, match="could not be read"):
             await first
         engine.send(encode_batch([Reply(ids[1], True, payload=0)], [["answered"]]))
@@ -163,12 +163,12 @@ def test_an_answer_that_cannot_be_read_fails_its_request_and_the_loop_goes_on() 
 
 def test_a_request_that_cannot_be_sent_fails_alone() -> None:
     async def scenario(client: EngineClient, engine: Engine) -> None:
-        unpicklable = asyncio.ensure_future(client.submit("m", "v", [lambda: None], [1], NORMAL))
+        undeclared = asyncio.ensure_future(client.submit("m", "v", [lambda: None], [1], NORMAL))
         fine = asyncio.ensure_future(client.submit("m", "v", ["fine"], [1], NORMAL))
         with pytest.raises(ModelUnavailableError, match="could not be sent"):
-            await unpicklable
+            await undeclared
         submit, payload = await asyncio.to_thread(engine.next_of, Submit)
-        assert payload == ["fine"]  # sent on its own, the batch's other request
+        assert payload.value(list[str]) == ["fine"]  # sent on its own, the batch's other request
         engine.send(encode_batch([Reply(submit.id, True, payload=0)], [["ok"]]))
         assert await fine == ["ok"]
 
@@ -269,11 +269,11 @@ def test_malformed_frames_fail_what_they_name_and_the_engine_serves_on(split: Se
         dealer.send_multipart([b"\xc1 not msgpack"])
         dealer.send_multipart([b"\x92\x01"])  # MessagePack, but no Batch
         head = msgspec.msgpack.encode(Batch([Submit(7, "bert-classifier", "v", [1], NORMAL, payload=0)]))
-        dealer.send_multipart([head, b"not a pickle"])
+        dealer.send_multipart([head, b"\xc1 not msgpack"])
         assert dealer.poll(30_000), "the engine never answered the request it could read"
-        [(reply, error)] = decode_batch(dealer.recv_multipart())
+        [(reply, payload)] = decode_batch(dealer.recv_multipart())
         assert isinstance(reply, Reply) and reply.id == 7 and not reply.ok
-        assert "could not be decoded" in str(error)
+        assert "could not be decoded" in str(payload.error())
     finally:
         dealer.close(linger=0)
         context.term()

@@ -11,9 +11,9 @@ def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str
 
 
 class EngineError(Exception):
-    """Base of every error the engine raises on purpose. Picklable whatever a subclass's ``__init__`` takes
-    (its message and attributes travel as they are): the split service's engine process sends them to the
-    front end that made the request (``service/ipc/``)."""
+    """Base of every error the engine raises on purpose. Copyable and picklable whatever a subclass's
+    ``__init__`` takes; the split service's engine process sends it to the front end that made the request
+    as a ``service/ipc/payloads.WireError``, its message and attributes as they are."""
 
     def __reduce__(self) -> tuple[object, ...]:
         return _rebuild, (type(self), self.args, self.__dict__)

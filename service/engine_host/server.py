@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 from opentelemetry import propagate
@@ -67,9 +68,9 @@ from service.ipc.messages import (
     Submit,
     Token,
 )
+from service.ipc.payloads import CALLS, GENERATION, Payload, items_of
 from service.metadata import RequestMeta
 from service.models.host import ModelHost
-from service.models.registry import PREFERRED_DEFAULTS
 from service.pipelines.factory import PIPELINES
 from service.process import alive
 
@@ -77,6 +78,16 @@ log = logging.getLogger(__name__)
 
 # What a front end may have a model's compute thread run by name (``Call(op="compute")``).
 COMPUTE = frozenset({"attention_weights"})
+
+
+def _decoded(payload: Payload | None, kind: Any) -> Any:
+    """A request's payload as its declared type; an error naming it when it is not one (the request fails)."""
+    if payload is None:
+        raise EngineError("the request came without its payload")
+    try:
+        return payload.value(kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise EngineError(f"the request's payload could not be decoded: {exc}") from exc
 
 
 def _meta(asked: Asked) -> RequestMeta:
@@ -261,10 +272,10 @@ class EngineServer:
 
     # --- the requests ------------------------------------------------------------------------------------
 
-    async def _submit(self, frontend: _Frontend, msg: Submit, payload: Any) -> None:
+    async def _submit(self, frontend: _Frontend, msg: Submit, payload: Payload | None) -> None:
         try:
             pipeline = self.host.registry.get(msg.model, msg.version)
-            items = payload
+            items = _decoded(payload, items_of(pipeline.task))
             with pipeline.leased():
                 results = await pipeline.batcher.submit_all(  # type: ignore[attr-defined]
                     items, msg.costs, None, _meta(msg.asked)
@@ -276,10 +287,10 @@ class EngineServer:
             return
         self._reply(frontend, msg.id, True, results)
 
-    async def _generate(self, frontend: _Frontend, msg: Generate, payload: Any) -> None:
+    async def _generate(self, frontend: _Frontend, msg: Generate, payload: Payload | None) -> None:
         try:
             pipeline = self.host.registry.get(msg.model, msg.version)
-            requests = payload
+            requests = _decoded(payload, GENERATION["requests"])
             with pipeline.leased():
                 streams = await pipeline.engine.admit_all(  # type: ignore[attr-defined]
                     requests, None, _meta(msg.asked)
@@ -292,9 +303,11 @@ class EngineServer:
             frontend.streams[stream_id] = stream
         self._reply(frontend, msg.id, True, None)
 
-    async def _call(self, frontend: _Frontend, msg: Call, payload: Any) -> None:
+    async def _call(self, frontend: _Frontend, msg: Call, payload: Payload | None) -> None:
         try:
-            args = payload or ()
+            if msg.op not in CALLS:
+                raise ValueError(f"unknown call {msg.op!r}")
+            args = _decoded(payload, CALLS[msg.op][0])
             value = await self._operate(msg.op, *args)
         except Exception as exc:
             self._reply(frontend, msg.id, False, exc)
@@ -313,8 +326,6 @@ class EngineServer:
         if op == "unload":
             await host.unload(*args)
             return None
-        if op == "repository":
-            return host.repository()
         if op == "compute":
             model, version, method, method_args = args
             if method not in COMPUTE:
@@ -339,22 +350,19 @@ class EngineServer:
                         name, str(folder), model.label, model.version, model.variant.name, model.provider
                     )
                 )
-        loader = host.loader
-        folders = loader.folders() if loader is not None else []
+        lookup = host.lookup  # the front ends' mirrors answer with the same rules over what this says
+        folders = list(lookup.offer.folders())
         defaults = dict(host.registry.defaults)
-        if host.memory.enabled and loader is not None:
-            for task in PIPELINES:
-                if task not in defaults:
-                    chosen = loader.default_for(task, PREFERRED_DEFAULTS.get(task))
-                    if chosen is not None:
-                        defaults[task] = chosen
+        for task in PIPELINES:  # and, with a budget, the folder that would load for a task none serves
+            if task not in defaults and (chosen := lookup.target(None, task)) is not None:
+                defaults[task] = chosen
         message = Models(
             self._number,
             versions,
             dict(host.registry.refused),
             [State(s.name, s.version, s.state, s.reason) for s in host.repository()],
             folders,
-            [n for n in folders if n not in host.registry.versions and host.loads_on_demand(n)],
+            [n for n in folders if n not in host.registry.versions and lookup.loads_on_demand(n)],
             defaults,
         )
         self._models_message = encode_broadcast(message)

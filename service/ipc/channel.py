@@ -1,9 +1,8 @@
 """ZeroMQ plumbing for ``messages.py``: payloads as frames, and an outbox that sends one message a turn.
 
-``pack`` pickles a payload with protocol 5, every large buffer that supports it (numpy arrays of 64 KiB
-or more) out of band: the array's memory becomes a frame of its own, which ZeroMQ sends without copying
-it (``copy=False``), and ``unpack`` rebuilds the array over the received frame, again without a copy. A
-small array (a request's logits) is copied into the pickle: a frame costs more than that copy.
+The payloads are typed and encoded by ``payloads.py`` (msgspec, MessagePack; large arrays out of band, a
+frame each, sent and received without a copy): a received message's payloads stay undecoded until their
+reader names the type each must be.
 
 ``Outbox`` gathers a turn of the event loop's envelopes for one peer and sends them as one ``Batch`` at the
 end of the turn (``loop.call_soon``): a front end's requests of a turn, an engine step's tokens for one
@@ -22,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pickle
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +30,7 @@ import msgspec
 import zmq
 
 from .messages import Batch, Broadcast, Envelope
+from .payloads import Payload, decode_values, encode_values
 
 log = logging.getLogger(__name__)
 
@@ -39,39 +38,12 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode_batch = msgspec.msgpack.Decoder(Batch).decode
 _decode_broadcast = msgspec.msgpack.Decoder(Broadcast).decode  # type: ignore[arg-type]
 
-Frame = bytes | memoryview | zmq.Frame | pickle.PickleBuffer
-
-
-# Buffers smaller than this travel inside the pickle: a frame of its own costs more than copying them.
-OUT_OF_BAND_BYTES = 64 * 1024
-
-
-def pack(value: Any) -> list[Frame]:
-    """``value`` as frames: its pickle (protocol 5), then each large buffer out of band, a frame of its own."""
-    buffers: list[pickle.PickleBuffer] = []
-
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < OUT_OF_BAND_BYTES:
-            return True  # in band
-        buffers.append(buffer)
-        return False
-
-    data = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
-    return [data, *buffers]
-
-
-def unpack(frames: Sequence[Frame]) -> Any:
-    """What ``pack`` made frames of."""
-    if not frames:
-        return None
-    first = frames[0]
-    data = first.buffer if isinstance(first, zmq.Frame) else first
-    buffers = [f.buffer if isinstance(f, zmq.Frame) else f for f in frames[1:]]
-    return pickle.loads(data, buffers=buffers)
+Frame = bytes | memoryview | zmq.Frame
 
 
 def encode_batch(envelopes: list[Envelope], values: list[Any]) -> list[Frame]:
-    return [_encode(Batch(envelopes)), *(pack(values) if values else [])]
+    """One message: the envelopes, then their payloads' frames (``TypeError``: a value of no declared type)."""
+    return [_encode(Batch(envelopes)), *(encode_values(values) if values else [])]
 
 
 class BadMessage(Exception):
@@ -83,18 +55,18 @@ class BadMessage(Exception):
         self.envelopes = envelopes
 
 
-def decode_batch(parts: Sequence[Frame]) -> list[tuple[Envelope, Any]]:
-    """Each envelope of a received ``Batch`` with its payload's value (None: it has none); ``BadMessage``
-    if the message is not one."""
+def decode_batch(parts: Sequence[Frame]) -> list[tuple[Envelope, Payload | None]]:
+    """Each envelope of a received ``Batch`` with its payload, still to be decoded into its type (None: it has
+    none); ``BadMessage`` if the message is not one."""
     if not parts:
         raise BadMessage([], ValueError("an empty message"))
-    head = parts[0]
+    head, *rest = (p.buffer if isinstance(p, zmq.Frame) else p for p in parts)
     try:
-        batch = _decode_batch(head.bytes if isinstance(head, zmq.Frame) else head)  # type: ignore[arg-type]
+        batch = _decode_batch(head)
     except Exception as exc:
         raise BadMessage([], exc) from exc
     try:
-        values = unpack(parts[1:]) if len(parts) > 1 else []
+        values = decode_values(rest) if rest else []
         return [(e, values[e.payload] if e.payload >= 0 else None) for e in batch.envelopes]
     except Exception as exc:
         raise BadMessage(list(batch.envelopes), exc) from exc
@@ -120,7 +92,7 @@ Unsendable = Callable[[Envelope, BaseException], None]
 
 class Outbox:
     """One peer's envelopes of this turn of the loop, and their payloads, sent as one message once the turn
-    ends: the payloads pickled together once. ``send`` raises, or returns a future that fails, when the
+    ends: the payloads encoded together once. ``send`` raises, or returns a future that fails, when the
     message could not be sent; ``on_unsendable`` then hears of each envelope that did not go."""
 
     def __init__(self, send: Callable[[list[Frame]], Any], on_unsendable: Unsendable) -> None:
@@ -148,7 +120,7 @@ class Outbox:
         self._envelopes, self._values = [], []
         try:
             frames = encode_batch(envelopes, values)
-        except Exception:  # one payload that does not pickle: the others go, one message each
+        except Exception:  # one payload of no declared type: the others go, one message each
             for envelope in envelopes:
                 self._send_alone(envelope, values)
             return

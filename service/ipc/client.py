@@ -53,6 +53,7 @@ from .messages import (
     Submit,
     Token,
 )
+from .payloads import CALLS, GENERATION, Payload
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,13 @@ def _unanswered(why: str) -> ModelUnavailableError:
     return ModelUnavailableError(f"{why}; retry shortly", retry_after_s=1)
 
 
+def _answer(payload: Payload | None, ok: bool, kind: Any) -> Any:
+    """An answer's value (of type ``kind``), or the error it carries."""
+    if payload is None:
+        raise ValueError("an answer without its payload")
+    return payload.value(kind) if ok else payload.error()
+
+
 class EngineClient:
     def __init__(self, folder: Path, on_models: Callable[[Models], None]) -> None:
         self.folder = folder
@@ -79,6 +87,7 @@ class EngineClient:
         self._sub = self._context.socket(zmq.SUB)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._answers: dict[int, Any] = {}  # request id -> the declared type of its answer (``payloads``)
         self._streams: dict[int, GenerationStream] = {}
         self._outbox = Outbox(self._send, self._unsendable)
         self._tasks: list[asyncio.Task[None]] = []
@@ -160,21 +169,27 @@ class EngineClient:
 
     # --- requests ----------------------------------------------------------------------------------------
 
-    def _future(self, deadline: float | None = None) -> tuple[int, asyncio.Future[Any]]:
-        """A new request's id and the future its answer sets, failed (and the engine told to abort it) if
-        no answer comes within its bound: ``deadline`` and a grace, else ``REPLY_BOUND_S``."""
+    def _future(self, answer: Any, deadline: float | None = None) -> tuple[int, asyncio.Future[Any]]:
+        """A new request's id and the future its answer (of type ``answer``) sets, failed (and the engine
+        told to abort it) if no answer comes within its bound: ``deadline`` and a grace, else
+        ``REPLY_BOUND_S``."""
         if not self.up:
             raise engine_gone()
         request_id = next(self._ids)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._pending[request_id] = future
+        self._answers[request_id] = answer
         bound = (
             REPLY_BOUND_S if deadline is None else max(0.0, deadline - time.monotonic()) + DEADLINE_GRACE_S
         )
         timer = loop.call_later(bound, self._unanswered_within, request_id, bound)
         future.add_done_callback(lambda _: timer.cancel())
         return request_id, future
+
+    def _forget(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+        self._answers.pop(request_id, None)
 
     def _unanswered_within(self, request_id: int, bound: float) -> None:
         future = self._pending.get(request_id)
@@ -186,11 +201,18 @@ class EngineClient:
             self._put(Abort([], [request_id]))
 
     async def submit(
-        self, model: str, version: str, items: Sequence[Any], costs: Sequence[int], asked: Asked
+        self,
+        model: str,
+        version: str,
+        items: Sequence[Any],
+        costs: Sequence[int],
+        asked: Asked,
+        results: Any = list[Any],
     ) -> list[Any]:
         """One request's items through the engine's dynamic batcher for ``model`` ``version``: their results
-        in order, or the error the engine raised. Cancelled, it withdraws its items still queued."""
-        request_id, future = self._future(asked.deadline)
+        (of type ``results``: ``payloads.results_of``) in order, or the error the engine raised. Cancelled,
+        it withdraws its items still queued."""
+        request_id, future = self._future(results, asked.deadline)
         self._put(Submit(request_id, model, version, list(costs), asked), list(items))
         try:
             return await future  # type: ignore[no-any-return]
@@ -198,14 +220,14 @@ class EngineClient:
             self._put(Abort([], [request_id]))
             raise
         finally:
-            self._pending.pop(request_id, None)
+            self._forget(request_id)
 
     async def generate(
         self, model: str, version: str, requests: Sequence[GenerationRequest], asked: Asked
     ) -> list[GenerationStream]:
         """Sequences queued in the engine's continuous batching, all or none (the engine's refusal is this
         call's error, as it is in one process); their streams, fed as the engine's steps come back."""
-        request_id, future = self._future(asked.deadline)
+        request_id, future = self._future(None, asked.deadline)
         streams = []
         for request in requests:
             stream_id = next(self._ids)
@@ -223,7 +245,7 @@ class EngineClient:
                 self._put(Abort(ids, [request_id]))
             raise
         finally:
-            self._pending.pop(request_id, None)
+            self._forget(request_id)
         return [stream for _, stream in streams]
 
     def _cancelled(self, stream_id: int) -> Callable[[GenerationStream], None]:
@@ -236,12 +258,12 @@ class EngineClient:
     async def call(self, op: str, *args: Any) -> tuple[Any, int]:
         """A call to the engine's model host (``server.EngineServer._operate``): its value, and the ``Models``
         generation that holds its effect."""
-        request_id, future = self._future()
+        request_id, future = self._future(tuple[CALLS[op][1], int])  # type: ignore[misc]
         self._put(Call(request_id, op), args)
         try:
             return await future  # type: ignore[no-any-return]
         finally:
-            self._pending.pop(request_id, None)
+            self._forget(request_id)
 
     # --- what comes back ---------------------------------------------------------------------------------
 
@@ -262,25 +284,31 @@ class EngineClient:
                     log.exception("taking the engine's %s", type(envelope).__name__)
                     self._fail(envelope, _unanswered(f"the engine's answer could not be taken ({exc!r})"))
 
-    def _take(self, envelope: Envelope, payload: Any) -> None:
+    def _take(self, envelope: Envelope, payload: Payload | None) -> None:
+        """An answer, its payload decoded into the type declared for it (``payloads``): a payload that is
+        not one raises, and ``_receive`` fails that request alone."""
         if isinstance(envelope, Token):
             stream = self._streams.get(envelope.stream)
             if stream is not None:
-                stream._push(TokenEvent(envelope.index, envelope.token_id, envelope.text, payload))
+                logprob = None if payload is None else payload.value(GENERATION["token"])
+                stream._push(TokenEvent(envelope.index, envelope.token_id, envelope.text, logprob))
         elif isinstance(envelope, Ended):
-            stream = self._streams.pop(envelope.stream, None)
+            stream = self._streams.get(envelope.stream)
             if stream is not None:
+                outcome = _answer(payload, envelope.ok, GENERATION["result"])
+                del self._streams[envelope.stream]
                 if envelope.ok:
-                    stream._finish(payload)
+                    stream._finish(outcome)
                 else:
-                    stream._fail(payload)
+                    stream._fail(outcome)
         elif isinstance(envelope, Reply):
             future = self._pending.get(envelope.id)
             if future is not None and not future.done():
+                outcome = _answer(payload, envelope.ok, self._answers.get(envelope.id, Any))
                 if envelope.ok:
-                    future.set_result(payload)
+                    future.set_result(outcome)
                 else:
-                    future.set_exception(payload)
+                    future.set_exception(outcome)
 
     def _fail(self, envelope: Envelope, error: BaseException) -> None:
         """The request or stream an answer that could not be read belongs to fails with ``error``."""

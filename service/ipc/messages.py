@@ -7,12 +7,10 @@ front end's SUB, for what all of them must know (the models it serves, its queue
 A ZeroMQ message is one ``Batch``: its envelopes, msgspec structs encoded once as MessagePack, then the
 frames of its payloads. Coalesced: a front end sends at most one ``Batch`` per turn of its event loop,
 with every request that turn made; the engine sends each front end at most one per turn, with every
-answer and every token of that turn. A payload is what msgspec cannot type: a request's task items and
-their results (token ids, numpy arrays, the pipelines' dataclasses, the engine's errors). A batch's
-payloads are one list pickled once (protocol 5), each envelope naming its value's place in it, with
-every large array's buffer out of band, a frame of its own that ZeroMQ sends without a copy
-(``channel.py``). Both ends are this service's own processes over a socket in a folder only
-its user can open, so unpickling trusts no one it should not.
+answer and every token of that turn. A payload is a value typed by ``payloads.py`` (a request's task items
+and their results, a generation's requests and result, a call's arguments, an error): a batch's payloads
+are one MessagePack array encoded once, each envelope naming its value's place in it, with every large
+array's bytes out of band, a frame of its own that ZeroMQ sends without a copy. Nothing is pickled.
 
 Everything a request carries crosses here explicitly: the model and its version (the content hash that
 names one loaded version), the priority class, the absolute deadline (``time.monotonic()``, one clock for
@@ -48,7 +46,7 @@ class Hello(msgspec.Struct, tag="hello", array_like=True):
 
 
 class Submit(msgspec.Struct, tag="submit", array_like=True):
-    """Items of one request for one model version's dynamic batcher; payload: the items (pickled)."""
+    """Items of one request for one model version's dynamic batcher; payload: the items (``payloads.ITEMS``)."""
 
     id: int
     model: str
@@ -79,9 +77,9 @@ class Abort(msgspec.Struct, tag="abort", array_like=True):
 
 
 class Call(msgspec.Struct, tag="call", array_like=True):
-    """A call to the engine's model host or to a model: ``op`` with its arguments (payload, pickled).
+    """A call to the engine's model host or to a model: ``op`` with its arguments (payload: ``payloads.CALLS``).
 
-    ``resident``, ``load``, ``unload``, ``repository``; ``compute`` runs a pipeline's named method on the
+    ``resident``, ``load``, ``unload``; ``compute`` runs a pipeline's named method on the
     model's compute thread (the attention step's weights)."""
 
     id: int

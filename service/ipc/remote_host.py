@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal, cast
 
 from service.engine.repository import LoadedModel, load_view
 from service.engine.versions import VersionFolder
 from service.errors import ModelNotFoundError
+from service.models.lookup import ModelLookup
 from service.models.registry import ModelRegistry
 from service.models.served import ServedModel
 from service.models.states import ModelState
@@ -36,11 +38,32 @@ from .workers import RemoteBatcher, RemoteGenerationEngine
 log = logging.getLogger(__name__)
 
 
+class _Broadcast:
+    """The repository's offer as the engine last broadcast it (``Models``), which it built with the same
+    ``ModelLookup`` (``engine_host/server.py``)."""
+
+    def __init__(self, host: RemoteHost) -> None:
+        self.host = host
+
+    def folders(self) -> Collection[str]:
+        latest = self.host._latest
+        return latest.folders if latest is not None else ()
+
+    def on_demand(self, name: str) -> bool:
+        latest = self.host._latest
+        return latest is not None and name in latest.on_demand
+
+    def default_for(self, task: str) -> str | None:
+        latest = self.host._latest
+        return latest.defaults.get(task) if latest is not None else None
+
+
 class RemoteHost:
     def __init__(self, settings: Settings, folder: Path, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.registry = ModelRegistry([], {})
+        self.lookup = ModelLookup(self.registry, _Broadcast(self))  # the engine's rules, over its broadcasts
         self.client = EngineClient(folder, self._models)
         self._views: dict[tuple[str, str], ModelPipeline] = {}  # (name, version hash) -> its view
         self._latest: Models | None = None
@@ -144,24 +167,13 @@ class RemoteHost:
         ]
 
     def target(self, model: str | None, task: str | None) -> str | None:
-        if model is not None:
-            return model.split("@", 1)[0]
-        if task is None:
-            return None
-        if task in self.registry.defaults:
-            return self.registry.defaults[task]
-        return self._latest.defaults.get(task) if self._latest is not None else None
+        return self.lookup.target(model, task)
 
     def loads_on_demand(self, name: str) -> bool:
-        return self._latest is not None and name in self._latest.on_demand
+        return self.lookup.loads_on_demand(name)
 
     def knows(self, name: str) -> bool:
-        latest = self._latest
-        return (
-            name in self.registry.versions
-            or name in self.registry.refused
-            or (latest is not None and name in latest.folders)
-        )
+        return self.lookup.knows(name)
 
     async def resident(self, model: str | None, task: str | None = None) -> None:
         name = self.target(model, task)

@@ -33,6 +33,7 @@ from service.settings import Settings
 
 from .client import EngineClient
 from .messages import Asked
+from .payloads import results_of
 
 
 def asked(meta: RequestMeta) -> Asked:
@@ -86,6 +87,10 @@ class RemoteBatcher(_Worker):
 
     waiting = 0
 
+    def __init__(self, client: EngineClient, model: LoadedModel, max_queue_size: int) -> None:
+        super().__init__(client, model, max_queue_size)
+        self.results = results_of(model.task)  # what the answers decode into
+
     async def submit_all(
         self,
         items: Sequence[Any],
@@ -93,7 +98,7 @@ class RemoteBatcher(_Worker):
         permit: Permit | None = None,
         meta: RequestMeta = ANONYMOUS,
     ) -> list[Any]:
-        results = await self.client.submit(self.name, self.version, items, costs, asked(meta))
+        results = await self.client.submit(self.name, self.version, items, costs, asked(meta), self.results)
         if len(results) != len(items):
             raise RuntimeError(f"the engine answered {len(results)} results for {len(items)} items")
         return results

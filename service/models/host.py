@@ -34,6 +34,7 @@ from service.pipelines.base import ModelPipeline
 from service.settings import Settings
 
 from .loading import Loader
+from .lookup import ModelLookup, NoOffer, RepositoryOffer
 from .memory import resident_bytes, trim_now
 from .memory_budget import MemoryBudget
 from .polling import RepositoryPoller
@@ -76,6 +77,8 @@ class ModelHost:
         self.observer = observer
         self.retire_timeout_s = retire_timeout_s  # how long a retired version may take to finish its work
         self.memory = MemoryBudget(memory_budget)
+        # which model a request is for, and whether it is one of ours: the rules a front end's mirror shares
+        self.lookup = ModelLookup(registry, RepositoryOffer(loader, self.memory) if loader else NoOffer())
         self.load_timeout_s = load_timeout_s  # how long a request waits for its model to load (on demand)
         # With a budget: a model loaded on demand is not unloaded for another before it has served this long
         # (MODEL_MIN_RESIDENCY_S), so clients alternating between models cannot make the service thrash.
@@ -272,12 +275,7 @@ class ModelHost:
         return [states[name] for name in sorted(states)]
 
     def knows(self, name: str) -> bool:
-        """Whether ``name`` is a model of this service: resident, refused, or a folder of the repository."""
-        return (
-            name in self.registry.versions
-            or name in self.registry.refused
-            or (self.loader is not None and name in self.loader.folders())
-        )
+        return self.lookup.knows(name)
 
     def _control(self) -> Loader:
         if self.loader is None:
@@ -324,21 +322,10 @@ class ModelHost:
     # --- more models than memory (MODEL_MEMORY_BUDGET) -----------------------------------------------
 
     def target(self, model: str | None, task: str | None) -> str | None:
-        """The model name a request for ``model`` (``name[@version]``; None: ``task``'s default) is for: the
-        default that serves, else, with a budget, the folder that would load for the task (None: none)."""
-        if model is not None:
-            return model.split("@", 1)[0]
-        if task is None:
-            return None
-        if task in self.registry.defaults:
-            return self.registry.defaults[task]
-        if not self.memory.enabled or self.loader is None:
-            return None
-        return self.loader.default_for(task, PREFERRED_DEFAULTS.get(task))
+        return self.lookup.target(model, task)
 
     def loads_on_demand(self, name: str) -> bool:
-        """Whether a request for ``name`` would load it (a memory budget, and a folder it may serve)."""
-        return self.memory.enabled and self.loader is not None and self.loader.servable(name)
+        return self.lookup.loads_on_demand(name)
 
     async def resident(self, model: str | None, task: str | None = None) -> None:
         """With a memory budget: load model ``model`` (``name[@version]``; None: ``task``'s default) if it is

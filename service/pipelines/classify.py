@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -24,13 +25,16 @@ from .results import Classification, LabelScore, Outcome, Usage
 from .text_inputs import CUT_RIGHT, EncodedText, Truncation, preprocess
 
 
-class PairIds(list[int]):
-    """A sentence pair's token ids (``[CLS] a [SEP] b [SEP]``), with its segment ids beside them: a list of ids
-    as every text item is, so a batch may mix single texts and pairs."""
+@dataclass(frozen=True)
+class PairIds:
+    """A sentence pair's token ids (``[CLS] a [SEP] b [SEP]``), with its segment ids beside them; a batch may
+    mix single texts (their ids alone) and pairs."""
 
-    def __init__(self, ids: list[int], type_ids: list[int]) -> None:
-        super().__init__(ids)
-        self.type_ids = type_ids
+    ids: list[int]
+    type_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def pair_positions(
@@ -71,11 +75,12 @@ class TextClassifier(TextPipeline[np.ndarray]):
     def labels(self) -> list[str]:
         return required(self.model.manifest.labels)
 
-    def run_batch(self, items: list[list[int]]) -> Sequence[np.ndarray]:
+    def run_batch(self, items: list[list[int] | PairIds]) -> Sequence[np.ndarray]:  # type: ignore[override]
         if not any(isinstance(item, PairIds) for item in items):
-            return list(softmax(self.run_padded(items)[0]))
+            return list(softmax(self.run_padded(items)[0]))  # type: ignore[arg-type]
+        rows = [item.ids if isinstance(item, PairIds) else item for item in items]
         types = [item.type_ids if isinstance(item, PairIds) else [0] * len(item) for item in items]
-        return list(softmax(self.run_padded(items, types)[0]))
+        return list(softmax(self.run_padded(rows, types)[0]))
 
     def encode_pairs(
         self, pairs: Sequence[tuple[str, str | None]], truncation: Truncation = CUT_RIGHT
@@ -91,7 +96,7 @@ class TextClassifier(TextPipeline[np.ndarray]):
                 list(e.special_tokens_mask), list(e.type_ids), self.max_len, truncation, index
             )
             ids = PairIds([e.ids[p] for p in kept], [e.type_ids[p] for p in kept])
-            encoded.append(EncodedText(ids, len(kept) < len(e.ids)))
+            encoded.append(EncodedText(ids, len(kept) < len(e.ids)))  # type: ignore[arg-type]
         return encoded
 
     async def classify_pairs(
