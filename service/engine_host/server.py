@@ -72,12 +72,10 @@ from service.ipc.payloads import CALLS, GENERATION, Payload, items_of
 from service.metadata import RequestMeta
 from service.models.host import ModelHost
 from service.pipelines.factory import PIPELINES
+from service.pipelines.local_workers import COMPUTE
 from service.process import alive
 
 log = logging.getLogger(__name__)
-
-# What a front end may have a model's compute thread run by name (``Call(op="compute")``).
-COMPUTE = frozenset({"attention_weights"})
 
 
 def _decoded(payload: Payload | None, kind: Any) -> Any:

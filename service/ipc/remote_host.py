@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.repository import LoadedModel, load_view
 from service.engine.versions import VersionFolder
 from service.errors import ModelNotFoundError
-from service.models.lookup import ModelLookup
-from service.models.registry import ModelRegistry
+from service.models.registry import ModelLookup, ModelRegistry
 from service.models.served import ServedModel
 from service.models.states import ModelState
 from service.observe.metrics import Metrics
@@ -124,15 +124,24 @@ class RemoteHost:
 
     # --- the workers a view pipeline is built with (pipelines/base.Workers) ---------------------------
 
-    def batcher(self, model: LoadedModel) -> RemoteBatcher:
+    def batcher(
+        self,
+        model: LoadedModel,
+        run_batch: Callable[[list[Any]], Sequence[Any]],
+        policy: BatchPolicy,
+        observer: BatcherObserver | None,
+    ) -> RemoteBatcher:
+        """The engine's batcher for ``model``: the engine process runs its batches (and observes them)."""
         return RemoteBatcher(self.client, model, self.settings.max_queue_size)
 
     async def compute(self, pipeline: ModelPipeline, method: str, *args: object) -> object:
         value, _ = await self.client.call("compute", pipeline.name, pipeline.model.version, method, args)
         return value
 
-    def generation_engine(self, model: LoadedModel) -> RemoteGenerationEngine:
-        return RemoteGenerationEngine(self.client, model, self.settings)
+    def generation_engine(
+        self, model: LoadedModel, settings: Settings, metrics: Metrics | None
+    ) -> RemoteGenerationEngine:
+        return RemoteGenerationEngine(self.client, model, settings)
 
     async def _until(self, number: int) -> None:
         """Until this front end's mirror holds the engine's ``Models`` generation ``number``."""

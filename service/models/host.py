@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 from service.engine.variants import ServedVariant
@@ -34,11 +34,10 @@ from service.pipelines.base import ModelPipeline
 from service.settings import Settings
 
 from .loading import Loader
-from .lookup import ModelLookup, NoOffer, RepositoryOffer
 from .memory import resident_bytes, trim_now
 from .memory_budget import MemoryBudget
 from .polling import RepositoryPoller
-from .registry import PREFERRED_DEFAULTS, ModelRegistry
+from .registry import PREFERRED_DEFAULTS, ModelLookup, ModelRegistry, NoOffer
 from .states import ModelState
 
 log = logging.getLogger(__name__)
@@ -56,6 +55,26 @@ class ModelObserver(Protocol):
     def resident(self, model: str, version: str, size: int | None) -> None: ...
 
     def evicted(self, model: str) -> None: ...
+
+
+class RepositoryOffer:
+    """The repository on disk, read when asked: its folders, and with a memory budget, what would load."""
+
+    def __init__(self, loader: Loader, memory: MemoryBudget) -> None:
+        self.loader = loader
+        self.memory = memory
+
+    def folders(self) -> Collection[str]:
+        return self.loader.folders()
+
+    def on_demand(self, name: str) -> bool:
+        return self.memory.enabled and self.loader.servable(name)
+
+    def default_for(self, task: str) -> str | None:
+        if not self.memory.enabled:
+            return None
+        return self.loader.default_for(task, PREFERRED_DEFAULTS.get(task))
+
 
 
 class ModelHost:

@@ -29,6 +29,7 @@ from service.settings import Settings
 
 from .attention import AttentionFeeds, AttentionMaps, Selection, wordpiece_labels
 from .contract import TaskContract
+from .local_workers import LOCAL
 from .text_inputs import (
     CUT_RIGHT,
     EncodedText,
@@ -46,11 +47,12 @@ Out = TypeVar("Out")
 
 @dataclass(frozen=True)
 class Building:
-    """What a pipeline is built from besides its model: the settings, and the metrics to observe it with."""
+    """What a pipeline is built from besides its model: the settings, the metrics to observe it with, and
+    the workers its model's work goes to (this process's, or a front end's way to the engine process)."""
 
     settings: Settings
     metrics: Metrics | None = None
-    workers: Workers | None = None  # a front end's: the model runs in the engine process
+    workers: Workers = LOCAL
 
     def policy(self) -> BatchPolicy:
         s = self.settings
@@ -69,18 +71,24 @@ class Building:
 
 
 class Workers(Protocol):
-    """Where a front end's pipelines send their models' work: the engine process (``service/ipc``). A
-    pipeline is given them when it is built, and holds no model worker of its own; without them (None),
-    its model runs in this process."""
+    """The one way from a pipeline to compute, given to it when it is built: in this process
+    (``local_workers.LocalWorkers``), or, for a front end of the split service, the engine process
+    (``service/ipc``). A pipeline holds no model worker but what these give it."""
 
-    def batcher(self, model: LoadedModel) -> Any:
-        """The stand-in for the model's ``DynamicBatcher``: ``reserve``, ``submit_all``, start, stop."""
+    def batcher(
+        self,
+        model: LoadedModel,
+        run_batch: Callable[[list[Any]], Sequence[Any]],
+        policy: BatchPolicy,
+        observer: BatcherObserver | None,
+    ) -> Any:
+        """The model's dynamic batcher (or its stand-in): ``reserve``, ``submit_all``, start, stop."""
 
-    def generation_engine(self, model: LoadedModel) -> Any:
-        """The stand-in for a generation model's ``GenerationEngine``."""
+    def generation_engine(self, model: LoadedModel, settings: Settings, metrics: Metrics | None) -> Any:
+        """A generation model's continuous batching (or its stand-in): ``admit_all``, start, stop."""
 
     async def compute(self, pipeline: ModelPipeline, method: str, *args: Any) -> Any:
-        """Pipeline ``method`` (one the engine lets a front end name) run by the engine on the model."""
+        """Pipeline ``method``'s model-side function (``local_workers.COMPUTE``) on the model."""
 
 
 class ModelPipeline(ABC):
@@ -175,14 +183,9 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
         workers: Workers | None = None,
     ) -> None:
         super().__init__(model)
-        # a front end's: the engine process runs the model (None: this process does)
-        self.workers = workers
-        self.batcher: DynamicBatcher[Item, Out] = (
-            DynamicBatcher(
-                model.name, policy, self.run_batch, observer, model.span_attributes, instances=model.instances
-            )
-            if workers is None
-            else workers.batcher(model)
+        self.workers = workers if workers is not None else LOCAL  # where the model runs
+        self.batcher: DynamicBatcher[Item, Out] = self.workers.batcher(
+            model, self.run_batch, policy, observer
         )
         self.attention_maps = AttentionMaps(model)
 
@@ -203,9 +206,7 @@ class BatchedPipeline(ModelPipeline, Generic[Item, Out]):
     async def attention_weights(self, feeds: dict[str, np.ndarray], selection: Selection) -> np.ndarray:
         """The attention graph's weights for one input (``attention.with_attention``), on the model's compute
         thread: this process's, or the engine process's for a front end's view."""
-        if self.workers is not None:
-            return cast(np.ndarray, await self.workers.compute(self, "attention_weights", feeds, selection))
-        return cast(np.ndarray, await self.in_compute_thread(self.attention_maps.weights, feeds, selection))
+        return cast(np.ndarray, await self.workers.compute(self, "attention_weights", feeds, selection))
 
     async def stop(self, timeout_s: float) -> None:
         await self.batcher.stop(drain=True, timeout_s=timeout_s)

@@ -12,6 +12,7 @@ from .classify import ImageClassifier, TextClassifier
 from .embed import SentenceEmbedder
 from .extract import EntityTagger, QuestionAnswerer
 from .generate import Generator
+from .local_workers import LOCAL
 from .translate import Translator
 
 # task -> its pipeline
@@ -30,10 +31,10 @@ PIPELINES: dict[str, type[ModelPipeline]] = {
 
 
 def build_pipeline(
-    model: LoadedModel, settings: Settings, metrics: Metrics | None = None, workers: Workers | None = None
+    model: LoadedModel, settings: Settings, metrics: Metrics | None = None, workers: Workers = LOCAL
 ) -> ModelPipeline:
-    """The pipeline for the model's task (the repository loader has already refused unknown tasks); with
-    ``workers``, a front end's view, whose model runs in the engine process (``service/ipc/``)."""
+    """The pipeline for the model's task (the repository loader has already refused unknown tasks), its model
+    run by ``workers``: this process's, or for a front end's view, the engine process (``service/ipc/``)."""
     cls = PIPELINES.get(model.task)
     if cls is None:
         raise ValueError(f"no pipeline serves task {model.task!r}")

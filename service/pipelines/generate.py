@@ -23,7 +23,6 @@ from service.engine.generation_contract import GenerationRequest, GenerationResu
 from service.engine.generation_stream import GenerationStream
 from service.engine.repository import LoadedModel
 from service.engine.sampling import SamplingParams
-from service.engine.speculation import Speculation
 from service.engine.structured_output import GrammarError
 from service.engine.worker import Permit
 from service.errors import InvalidInputError
@@ -108,27 +107,7 @@ class Generator(ModelPipeline):
         template = (
             s.chat_template.read_text() if s.chat_template is not None else model.manifest.chat_template
         )
-        if building.workers is not None:  # a front end's view: the engine process runs the model
-            return cls(model, building.workers.generation_engine(model), template, s)
-        engine = GenerationEngine(
-            model,
-            max_running=s.max_running_sequences,
-            max_queue_size=s.max_queue_size,
-            queue_timeout_s=s.queue_timeout_s,
-            observer=building.metrics.generation_observer(model.name)
-            if building.metrics is not None
-            else None,
-            prefix_cache_bytes=int(s.prefix_cache_mib * 2**20),
-            prefix_block_tokens=s.prefix_cache_block_tokens,
-            speculation=Speculation(
-                s.speculative_ngram_tokens,
-                s.speculative_ngram_max,
-                min(s.speculative_ngram_min, s.speculative_ngram_max),
-                s.speculative_ngram_max_rows,
-            )
-            if s.speculative_ngram_tokens
-            else None,
-        )
+        engine = building.workers.generation_engine(model, s, building.metrics)
         return cls(model, engine, template, s)
 
     def __init__(
