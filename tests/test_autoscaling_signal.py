@@ -201,6 +201,26 @@ def replicas(tiny_models: Path, tmp_path: Path) -> Iterator[list[ServiceProcess]
         yield [first, second]
 
 
+def _readings(replicas: list[ServiceProcess]) -> list[dict[str, float]]:
+    """Each replica's own queue depth, requests in flight and items dropped for a client gone, from its
+    /metrics."""
+    names = {
+        "queue": "tserve_queue_depth",
+        "in_flight": "tserve_http_requests_in_flight",
+        "dropped": "tserve_requests_dropped_total",
+    }
+    out = []
+    for replica in replicas:
+        text = httpx.get(f"{replica.url}/metrics", timeout=10).text
+        out.append(
+            {
+                key: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+                for key, name in names.items()
+            }
+        )
+    return out
+
+
 class WrkLoad:
     """``CLIENTS`` closed-loop connections, half on each replica, for ``seconds``: one wrk per replica."""
 
@@ -304,6 +324,9 @@ def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fa
             if adapter_after < adapter_target and "adapter" not in fell_at:
                 fell_at["adapter"] = time.monotonic() - ended
             time.sleep(0.5)
+        # What each replica itself says, beside what Prometheus had: a gauge left stale (the queue empty,
+        # its depth still reported) reads differently from work still draining.
+        readings = _readings(replicas)
     finally:
         prometheus.stop()
 
@@ -316,7 +339,7 @@ def test_the_scaled_objects_queries_rise_over_their_thresholds_under_load_and_fa
             f"{after[name]:g} {fell_at.get(name, math.nan):.1f} s after the load stopped"
         )
         assert wanted_under_load > replicas_now, f"{name} would not scale out: peaked at {peaks[name]}"
-        assert name in fell_at, f"{name} stayed at {after[name]} after the load"
+        assert name in fell_at, f"{name} stayed at {after[name]} after the load; the replicas read {readings}"
         assert fell_at[name] <= fall_within, f"{name} fell only after {fell_at[name]:.1f} s"
 
     # hpa.yaml's prometheus-adapter rule: one series per pod, an HPA Pods metric at AverageValue per pod.

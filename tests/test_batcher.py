@@ -328,6 +328,45 @@ def test_cancelled_submit_never_reaches_the_model() -> None:
     assert observer.rejects == ["cancelled"]
 
 
+class DepthObserver(RecordingObserver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0
+
+    def on_enqueue(self, depth: int) -> None:
+        self.depth = depth
+
+    def on_dequeue(self, depth: int) -> None:
+        self.depth = depth
+
+
+def test_a_batch_formed_between_a_cancel_and_its_clean_up_drops_the_items_and_keeps_the_depth_true() -> None:
+    """A cancelled caller's futures are cancelled at once, its clean-up runs on the loop's next turn; a busy
+    loop can form a batch in between. The items are dropped and counted, and the depth the metrics see is
+    the queue's (it stayed at the depth before the cancel: a scaled-in replica still reported 40 waiting)."""
+    model = FakeModel(gated=True)
+    observer = DepthObserver()
+
+    async def body(batcher: DynamicBatcher[Item, Any]) -> None:
+        first = await busy(batcher, model)
+        gone = queue_items(batcher, [("a", 1), ("b", 1)])
+        await settle()
+        assert batcher.waiting == 2 and observer.depth == 2
+        for task in gone:
+            task.cancel()  # the entries' futures are cancelled now; the submits' clean-up has not run
+        assert batcher._take_batch() == []  # the batcher's loop forming a batch first, as a busy loop may
+        assert batcher.waiting == 0 and observer.depth == 0
+        for task in gone:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert observer.depth == 0 and observer.rejects == ["cancelled", "cancelled"]
+        model.gate.set()
+        await first
+
+    run(model, policy(), body, observer)
+    assert model.seen() == ["first"]
+
+
 # --- failures ----------------------------------------------------------------------------
 
 

@@ -411,8 +411,11 @@ class DynamicBatcher(ModelWorker, Generic[In, Out]):
         max_cost = 0
         while self._queue and len(batch) < self.policy.max_batch_size:
             entry = self._queue.peek(now)
-            if entry.future.done():  # defensive: should already have been removed
-                self._queue.remove(entry)
+            if entry.future.done():
+                # Its caller was cancelled (its future with it) and its clean-up has not run yet: on a busy
+                # loop a batch can be formed in between. Dropped here as the clean-up would have, with the
+                # gauges told (a bare removal left the queue depth reported stale once the queue emptied).
+                self._drop_cancelled(entry)
                 continue
             if now >= entry.expires_at:
                 self._expire(entry)

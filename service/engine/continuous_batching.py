@@ -264,8 +264,10 @@ class GenerationEngine(ModelWorker):
         newcomers: list[SequenceState] = []
         now = time.monotonic()
         running = Counter(s.share for s in (*self._prefilling, *self._batch.rows) if not s.done)
+        popped = False
         while self._waiting and self.running + len(newcomers) < self.max_running:
             seq = self._waiting.popleft(now, share=lambda s: (running[s.share], s.share.taken))
+            popped = True
             if seq.timer is not None:
                 seq.timer.cancel()
             if not seq.done:
@@ -275,7 +277,7 @@ class GenerationEngine(ModelWorker):
                 self._hooks.on_class_wait(seq.priority, now - seq.submitted_at)
                 if seq.trace is not None:
                     seq.trace.admitted_at = now
-        if newcomers:
+        if popped:  # a sequence ended while it waited leaves the queue here too: the depth must say so
             self._depth_changed()
         return newcomers
 
