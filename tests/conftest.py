@@ -174,6 +174,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # xdist's loadscope scheduler re-sorts the units by their count of tests unless told not to, which
+    # undid order_longest_first: a warm run started the fuzz test (9 minutes, 1 test) at 494 s, behind
+    # modules of many short tests, and ended 170 s after the other workers.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     path = config.getoption("--record-durations")
     if path and not hasattr(config, "workerinput"):  # the controller (or a serial run) sees every report
         config.pluginmanager.register(DurationRecorder(Path(path)), "duration-recorder")
