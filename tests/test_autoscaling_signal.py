@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from servers import metric
 
 from benchmarks.request_path import _WRK_SCRIPT, Load, wrk_load
 from harness.ports import free_port
@@ -209,16 +210,7 @@ def _readings(replicas: list[ServiceProcess]) -> list[dict[str, float]]:
         "in_flight": "tserve_http_requests_in_flight",
         "dropped": "tserve_requests_dropped_total",
     }
-    out = []
-    for replica in replicas:
-        text = httpx.get(f"{replica.url}/metrics", timeout=10).text
-        out.append(
-            {
-                key: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-                for key, name in names.items()
-            }
-        )
-    return out
+    return [{key: metric(replica.url, name) for key, name in names.items()} for replica in replicas]
 
 
 class WrkLoad:
