@@ -568,7 +568,11 @@ def test_a_model_that_loads_slower_than_the_queue_allows_is_a_503_with_retry_aft
 ) -> None:
     budget = two_of_three(repo, tmp_path)
     with budget_process(repo, budget, tmp_path / "service.log", QUEUE_TIMEOUT_S="0.001") as server:
-        (away,) = {n for n, s in states(server).items() if s != "READY"}
+        # the budget holds two of the three, so one at least is away; on a busy machine a preload whose
+        # warm-up waited past the 1 ms queue bound is away too, and either serves this test
+        aways = sorted(n for n, s in states(server).items() if s != "READY")
+        assert aways, states(server)
+        away = aways[0]
         first = ask(server, away)
         assert first.status_code == 503 and int(first.headers["retry-after"]) >= 1
         assert "loading" in first.json()["error"]["message"]
