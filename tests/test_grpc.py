@@ -25,7 +25,16 @@ from tritonclient.utils import InferenceServerException
 from harness.ports import free_port
 from service.settings import Settings
 
-MODELS = {"translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"}
+MODELS = {
+    "translator",
+    "bert-classifier",
+    "bert-qa",
+    "bert-tagger",
+    "bert-embedder",
+    "bert-reranker",
+    "gpt",
+    "vit",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +70,10 @@ REQUESTS: dict[str, tuple[dict[str, list[bytes]], dict[str, Any]]] = {
     ),
     "bert-tagger": ({"text": [b"Ada Lovelace lived in London."]}, {}),
     "bert-embedder": ({"text": [b"a sentence", b"another one"]}, {}),
+    "bert-reranker": (
+        {"query": [b"who plays?", b"who plays?"], "document": [b"a guitar player", b"rates rose"]},
+        {},
+    ),
     "gpt": ({"prompt": [b"ROMEO:", b"JULIET:"]}, {"max_tokens": 6, "temperature": 0.0}),
     "vit": ({"image": [png(1), png(2)]}, {}),
 }

@@ -31,7 +31,16 @@ from service.app import create_app
 from service.inference import TaskContract
 from service.settings import Settings
 
-MODELS = {"translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"}
+MODELS = {
+    "translator",
+    "bert-classifier",
+    "bert-qa",
+    "bert-tagger",
+    "bert-embedder",
+    "bert-reranker",
+    "gpt",
+    "vit",
+}
 MAX_ITEMS = 8
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 

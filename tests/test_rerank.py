@@ -31,7 +31,13 @@ DOCUMENTS = [
 
 @pytest.fixture(scope="module")
 def api(tiny_models: Path) -> Iterator[LiveServer]:
-    settings = Settings(MODEL_REPOSITORY=tiny_models, MAX_ITEMS=8, MAX_QUEUE_DELAY_MS=20, API_KEYS=[KEY])
+    settings = Settings(
+        MODEL_REPOSITORY=tiny_models,
+        SERVED_MODELS="bert-embedder,bert-classifier",  # no reranker served: the embedder scores
+        MAX_ITEMS=8,
+        MAX_QUEUE_DELAY_MS=20,
+        API_KEYS=[KEY],
+    )
     with LiveServer(settings) as server:
         yield server
 

@@ -32,7 +32,7 @@ from harness.ports import free_port
 from harness.service_process import ServiceProcess
 from service.settings import Settings
 
-SERVED = "bert-classifier,bert-tagger,bert-qa,bert-embedder,gpt,translator,vit"
+SERVED = "bert-classifier,bert-tagger,bert-qa,bert-embedder,bert-reranker,gpt,translator,vit"
 
 
 def _split(models: Path, log: Path, **env: str) -> ServiceProcess:
@@ -162,6 +162,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("/v1/rerank", {"query": "who plays?", "documents": ["a guitar player", "rates rose"], "top_n": 1}),
     ("/v1/score", {"queries": ["a", "b"], "documents": ["c", "d"]}),
+    ("/v1/score", {"model": "bert-embedder", "text_1": "a", "text_2": ["c", "d"]}),  # by cosine
     ("/rerank", {"query": "who plays?", "texts": ["a guitar player", "rates rose"], "truncate": True}),
     ("/embed", {"inputs": ["hello", "world"], "truncation_direction": "left"}),
     ("/tokenize", {"inputs": "hello world"}),
@@ -533,6 +534,7 @@ def test_every_item_and_result_crosses_as_its_declared_type() -> None:
         "question-answering": [[QAWindow([1, 2, 3], [0, 1, 1], [None, (0, 4), (5, 9)])]],
         "token-classification": [[1, 2, 3]],
         "feature-extraction": [[1, 2]],
+        "rerank": [PairIds([101, 7, 102, 9, 102], [0, 0, 0, 1, 1])],
     }
     results = {
         "text-classification": [vector],
@@ -541,6 +543,7 @@ def test_every_item_and_result_crosses_as_its_declared_type() -> None:
         "question-answering": [Span(0, 4, 0.9, 0), None],
         "token-classification": [np.ones((3, 5), np.float32)],
         "feature-extraction": [Vectors(vector, vector * 2)],
+        "rerank": [-1.25, 3.5],
     }
 
     def same(a: object, b: object) -> bool:

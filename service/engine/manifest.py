@@ -28,6 +28,7 @@ Task = Literal[
     "text-generation",
     "image-classification",
     "feature-extraction",
+    "rerank",
 ]
 
 # task -> graphs the folder must hold
@@ -39,6 +40,7 @@ TASK_GRAPHS: dict[str, tuple[str, ...]] = {
     "text-generation": ("model",),
     "image-classification": ("model",),
     "feature-extraction": ("model",),
+    "rerank": ("model",),
 }
 TEXT_TASKS = frozenset(TASK_GRAPHS) - {"image-classification"}
 # task -> manifest sections it cannot run without
@@ -56,6 +58,7 @@ TASK_SECTIONS: dict[str, tuple[str, ...]] = {
     "text-generation": ("max_sequence_length", "kv_cache"),
     "image-classification": ("labels", "preprocessing"),
     "feature-extraction": ("max_sequence_length", "embedding"),
+    "rerank": ("max_sequence_length",),
 }
 
 S = TypeVar("S")

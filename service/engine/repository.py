@@ -45,6 +45,7 @@ ENCODER_TASKS = frozenset(
         "question-answering",
         "token-classification",
         "feature-extraction",
+        "rerank",
         "image-classification",
     }
 )

@@ -57,6 +57,7 @@ from service.pipelines.embed import SentenceEmbedder
 from service.pipelines.entity_spans import STRATEGIES, Aggregation
 from service.pipelines.extract import EntityTagger, QuestionAnswerer
 from service.pipelines.generate import Generator, OpenStream
+from service.pipelines.rerank import CrossEncoder
 from service.pipelines.results import (
     Answer,
     Classification,
@@ -904,6 +905,9 @@ _BY_TASK: dict[str, _TaskCall] = {
     ),
     SentenceEmbedder.task: lambda core, meta, m, i, p, cache, rid: core.embed(
         meta, i["text"], p.get("normalize", True), m, cache, truncation=_truncation(p)
+    ),
+    CrossEncoder.task: lambda core, meta, m, i, p, cache, rid: core.score(
+        meta, list(zip(i["query"], i["document"], strict=True)), m, cache, truncation=_truncation(p)
     ),
     Translator.task: lambda core, meta, m, i, p, cache, rid: core.translate(
         meta, i["text"], decoding_params(**p), m, cache

@@ -57,6 +57,7 @@ ITEMS: dict[str, Any] = {
     "question-answering": list[QAWindow],  # one question's windows over its context
     "token-classification": list[int],
     "feature-extraction": list[int],
+    "rerank": PairIds,  # one (query, document) pair
 }
 
 RESULTS: dict[str, Any] = {
@@ -66,6 +67,7 @@ RESULTS: dict[str, Any] = {
     "question-answering": Span | None,
     "token-classification": np.ndarray,  # each token's labels' probabilities
     "feature-extraction": Vectors,
+    "rerank": float,  # the pair's logit
 }
 
 GENERATION: dict[str, Any] = {

@@ -13,6 +13,7 @@ from .embed import SentenceEmbedder
 from .extract import EntityTagger, QuestionAnswerer
 from .generate import Generator
 from .local_workers import LOCAL
+from .rerank import CrossEncoder
 from .translate import Translator
 
 # task -> its pipeline
@@ -25,6 +26,7 @@ PIPELINES: dict[str, type[ModelPipeline]] = {
         QuestionAnswerer,
         EntityTagger,
         SentenceEmbedder,
+        CrossEncoder,
         Generator,
     )
 }
