@@ -29,10 +29,10 @@ from service.engine.variants import VariantChoice
 from service.pipelines.entity_spans import word_predictions
 from service.pipelines.image_inputs import to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
-from service.pipelines.text_inputs import pad_batch, truncate
+from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
 from service.pipelines.translate import prepare_source
 
-from . import scoring
+from . import ranking, scoring
 from .data import (
     SST2_LABELS,
     SquadExample,
@@ -57,6 +57,7 @@ METRIC_KEYS = {
     "bert-qa": ["exact_match", "f1"],
     "bert-tagger": ["entity_f1"],
     "bert-embedder": ["centroid_accuracy", "cosine_gap"],
+    "bert-reranker": ["mrr_at_10", "accuracy_at_1"],
     "gpt": ["bits_per_char"],
     "vit": ["accuracy"],
 }
@@ -260,6 +261,29 @@ def evaluate_embedder(model: LoadedModel, data_dir: Path, split: str, limit: int
     return {"centroid_accuracy": accuracy, "cosine_gap": gap, "centroid_examples": len(train_rows)}
 
 
+def evaluate_reranker(
+    model: LoadedModel, models_dir: Path, data_dir: Path, split: str, limit: int | None
+) -> dict:
+    """SQuAD passage ranking (``ranking.py``): the reranker re-ordering BM25's first candidates, beside
+    BM25 alone and, when it is built beside it, the house embedder's cosine, on the same questions."""
+    tok, max_len, pad = _encoder(model)
+    candidates = int((model.manifest.model_extra or {}).get("ranking", {}).get("candidates", 20))
+    queries = ranking.ranking_queries(data_dir, split, limit)
+    graph = model.graphs["model"]
+    score = ranking.score_pairs(lambda feeds: graph.run(feeds_for(graph, feeds)), tok, max_len, pad)
+    result: dict[str, Any] = {
+        **ranking.reranker_measures(queries, score, candidates),
+        "candidates": candidates,
+        "baselines": {"bm25": ranking.bm25_measures(queries)},
+    }
+    if (models_dir / "bert-embedder" / "manifest.json").is_file():
+        embedder = load_model(models_dir / "bert-embedder", RuntimeOptions(device="cpu"))
+        result["baselines"]["embedder_cosine"] = ranking.cosine_measures(
+            queries, lambda texts: embed(embedder, texts)
+        )
+    return result
+
+
 def evaluate_gpt(model: LoadedModel, data_dir: Path, split: str, limit: int | None) -> dict:
     text = load_tinyshakespeare(data_dir, split)
     if limit is not None:
@@ -345,6 +369,7 @@ def evaluate_model(
         "text-generation": lambda: evaluate_gpt(model, data_dir, split, limit),
         "image-classification": lambda: evaluate_vit(model, data_dir, split, limit),
         "feature-extraction": lambda: evaluate_embedder(model, data_dir, split, limit),
+        "rerank": lambda: evaluate_reranker(model, models_dir, data_dir, split, limit),
     }
     start = time.perf_counter()
     result = evaluators[model.task]()
@@ -372,6 +397,7 @@ def _count_examples(task: str, data_dir: Path, split: str, limit: int | None) ->
         "text-generation": lambda: len(load_tinyshakespeare(data_dir, split)),
         "image-classification": lambda: len(load_fashion_mnist(data_dir, split)[1]),
         "feature-extraction": lambda: len(load_sst2(data_dir, split)),
+        "rerank": lambda: len(load_squad(data_dir, split)),
     }
     total = counts[task]()
     return total if limit is None else min(total, limit)

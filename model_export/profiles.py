@@ -38,7 +38,16 @@ from .training import TrainSpec
 
 R = TypeVar("R", bound="Recipe")
 
-MODEL_NAMES = ["translator", "bert-classifier", "bert-qa", "bert-tagger", "bert-embedder", "gpt", "vit"]
+MODEL_NAMES = [
+    "translator",
+    "bert-classifier",
+    "bert-qa",
+    "bert-tagger",
+    "bert-embedder",
+    "bert-reranker",
+    "gpt",
+    "vit",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +113,16 @@ class BertEmbedderRecipe(Recipe):
 
     pretraining: BertPretraining
     max_len: int  # tokens per text, [CLS] and [SEP] included (sentence-transformers' max_seq_length)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BertRerankerRecipe(BertHeadRecipe):
+    """The cross-encoder (``recipes/reranker.py``): ``batch_size`` questions a step, each with its own
+    paragraph and ``negatives`` others of its article; measured re-ordering BM25's first ``candidates``."""
+
+    negatives: int
+    candidates: int
+    frozen_layers: int = 0  # the encoder's first layers (and its embeddings) kept as the checkpoint has them
 
 
 NO_TRAINING = TrainSpec(steps=0, lr=0.0, warmup_steps=0)
@@ -238,6 +257,19 @@ _BERT_EMBEDDER = BertEmbedderRecipe(
     reference_variants_s=20,
 )
 
+_BERT_RERANKER = BertRerankerRecipe(
+    pretraining=_DEFAULT_BERT,
+    dropout=0.1,
+    max_len=256,  # a SQuAD paragraph with its question: 90% fit whole (the median is 189 tokens)
+    train_examples=None,
+    batch_size=4,
+    negatives=3,
+    candidates=10,
+    frozen_layers=3,
+    train=TrainSpec(steps=150, lr=4e-5, warmup_steps=15, weight_decay=0.01),
+    eval_limit=300,
+    probe_limit=60,
+)
 _GPT = GptRecipe(
     # dropout: several epochs fit the budget; 192 wide: at the same compute it sees more text
     model=GPTConfig(
@@ -274,6 +306,7 @@ DEFAULT: dict[str, Recipe] = {
     "bert-qa": _BERT_QA,
     "bert-tagger": _BERT_TAGGER,
     "bert-embedder": _BERT_EMBEDDER,
+    "bert-reranker": _BERT_RERANKER,
     "gpt": _GPT,
     "vit": _VIT,
 }
@@ -363,6 +396,18 @@ TINY: dict[str, Recipe] = {
         eval_limit=64,
     ),
     "bert-embedder": _tiny(_BERT_EMBEDDER, pretraining=_TINY_BERT, max_len=64, eval_limit=128),
+    "bert-reranker": _tiny(
+        _BERT_RERANKER,
+        pretraining=_TINY_BERT,
+        dropout=0.0,
+        max_len=96,
+        train_examples=400,
+        batch_size=8,
+        negatives=3,
+        candidates=8,
+        train=dataclasses.replace(_TINY_FINE_TUNING, steps=20),
+        eval_limit=16,
+    ),
     "gpt": _tiny(
         _GPT,
         model=dataclasses.replace(

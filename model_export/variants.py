@@ -63,6 +63,7 @@ RULES: dict[str, tuple[str, float, bool]] = {
     "text-generation": ("bits_per_char", 0.05, False),
     "image-classification": ("accuracy", 0.01, True),
     "feature-extraction": ("centroid_accuracy", 0.01, True),
+    "rerank": ("mrr_at_10", 0.01, True),
     # An imported checkpoint without the user's labelled data: the share of inputs on which the variant
     # answers as the reference does (model_export/importing/agreement.py)
     "agreement": ("agreement", 0.01, True),

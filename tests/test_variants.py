@@ -30,7 +30,16 @@ from service.engine.runtime import RuntimeOptions
 from service.engine.seq2seq import Seq2SeqModel
 from service.pipelines.classify import TextClassifier
 
-MODELS = ["bert-classifier", "bert-embedder", "bert-qa", "bert-tagger", "gpt", "translator", "vit"]
+MODELS = [
+    "bert-classifier",
+    "bert-embedder",
+    "bert-qa",
+    "bert-reranker",
+    "bert-tagger",
+    "gpt",
+    "translator",
+    "vit",
+]
 FUSED_FP32_TOLERANCE = 1e-4  # the same arithmetic regrouped: float32 rounding, logits of order 1-10
 FP16_TOLERANCE = 0.05
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")

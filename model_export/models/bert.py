@@ -120,6 +120,45 @@ class BertForSequenceClassification(nn.Module):
         return self.classifier(self.drop(pooled))  # (B, num_labels)
 
 
+class BertForPairRanking(nn.Module):
+    """A cross-encoder: the pair read together, one relevance logit from two heads over the joint states.
+
+    The segments' mean-pooled states (the query's, segment 0; the document's, segment 1) are compared by
+    cosine, scaled and shifted; the [CLS] head (pooler, dropout, one linear output) adds to it. The
+    [CLS] head starts at zero, so an encoder that was trained as a sentence embedder (all-MiniLM-L6-v2,
+    mean-pooled) ranks by its own similarity from the first step, and training adds what reading the
+    pair together tells it.
+    """
+
+    def __init__(self, encoder: BertEncoder, scale: float = 20.0, shift: float = -9.0) -> None:
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.encoder = encoder
+        self.pooler = nn.Linear(d, d)
+        self.drop = nn.Dropout(encoder.config.dropout)
+        self.classifier = nn.Linear(d, 1)
+        nn.init.zeros_(self.classifier.weight)
+        nn.init.zeros_(self.classifier.bias)
+        self.scale = nn.Parameter(torch.tensor(scale))
+        self.shift = nn.Parameter(torch.tensor(shift))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.encoder(input_ids, attention_mask, token_type_ids)
+        real = attention_mask.to(h.dtype)
+        second = token_type_ids.to(h.dtype) * real
+        first = real - second
+
+        def mean(weights: torch.Tensor) -> torch.Tensor:
+            pooled = (h * weights.unsqueeze(-1)).sum(1) / weights.sum(1, keepdim=True).clamp(min=1.0)
+            return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-6)
+
+        cosine = (mean(first) * mean(second)).sum(-1, keepdim=True)  # (B, 1)
+        pooled = torch.tanh(self.pooler(h[:, 0]))
+        return self.scale * cosine + self.shift + self.classifier(self.drop(pooled))  # (B, 1)
+
+
 class BertForQuestionAnswering(nn.Module):
     """Span head over (question, context): a start and an end score per token."""
 

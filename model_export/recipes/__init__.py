@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..onnx_export import GraphSpec
-from . import bert, gpt, translator, vit
+from . import bert, gpt, reranker, translator, vit
 from .common import BuildContext, Trained, TrainingJob
 
 
@@ -21,6 +21,7 @@ RECIPES: dict[str, ModelRecipe] = {
     "bert-qa": ModelRecipe(bert.prepare_qa, bert.graphs),
     "bert-tagger": ModelRecipe(bert.prepare_tagger, bert.graphs),
     "bert-embedder": ModelRecipe(bert.prepare_embedder, bert.graphs),
+    "bert-reranker": ModelRecipe(reranker.prepare_reranker, bert.graphs),
     "gpt": ModelRecipe(gpt.prepare, gpt.graphs),
     "vit": ModelRecipe(vit.prepare, vit.graphs),
 }

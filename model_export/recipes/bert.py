@@ -335,6 +335,7 @@ def graphs(trained: Trained, seed: int) -> dict[str, GraphSpec]:
     dimensions = trained.manifest.get("embedding", {}).get("dimensions", 0)
     outputs_by_task: dict[str, dict[str, list[str | int]]] = {
         "text-classification": {"logits": ["batch", labels]},
+        "rerank": {"logits": ["batch", 1]},
         "question-answering": {"start_logits": ["batch", "sequence"], "end_logits": ["batch", "sequence"]},
         "token-classification": {"logits": ["batch", "sequence", labels]},
         "feature-extraction": {

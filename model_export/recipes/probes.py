@@ -31,6 +31,7 @@ TARGETS = {
     "bert-classifier": 0.90,
     "bert-qa": 60.0,
     "bert-tagger": 0.88,
+    "bert-reranker": 0.90,  # MRR@10: BM25's on the same questions is about 0.85, and the aim is 0.05 above
     "gpt": 2.35,
     "vit": 0.90,
 }
