@@ -7,10 +7,12 @@ parity and batch independence and held to the accuracy rule. What it measures di
   house's scoring code on the served graphs (``evaluate.py``): accuracy (``{"text", "label"}``; images
   ``{"image": path, "label"}``), entity F1 (``{"tokens", "tags"}``), SQuAD F1 (``{"question", "context",
   "answers": [{"text", "answer_start"}]}``), bits per character (``{"text"}``), BLEU (``{"source",
-  "target"}``), centroid accuracy of embeddings (``{"text", "label"}``); the rule is the house's.
+  "target"}``), centroid accuracy of embeddings (``{"text", "label"}``), a cross-encoder's MRR@10 over
+  each query's documents (``{"query", "documents": [...], "relevant": index}``); the rule is the house's.
 - no data: ``agreement``, the share of inputs on which the variant answers exactly as the reference
   graphs do (the same label, entities, span, greedy tokens; for embeddings, the same nearest other
-  input by cosine, retrieval's answer), on the
+  input by cosine, retrieval's answer; for a cross-encoder, the same top-ranked document of a query's
+  candidates: SQuAD validation questions against BM25's first paragraphs of their article), on the
   shared data's validation inputs where they are there, else the import's sample texts; a variant may
   disagree on at most 1 in 100 (``variants.RULES["agreement"]``).
 """
@@ -33,13 +35,14 @@ from service.engine.variants import VariantChoice
 from service.pipelines.entity_spans import group_entities, token_predictions
 from service.pipelines.image_inputs import image_pixels, open_image, to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
-from service.pipelines.text_inputs import pad_batch, truncate
+from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
 from service.pipelines.translate import prepare_source
 
-from .. import evaluate, scoring
+from .. import evaluate, ranking, scoring
 from ..data import SquadExample, TaggedSentence
 from ..variants import Scorer, build_variants
 from .checkpoint import Checkpoint, ImportRefused
+from .checks import QUESTIONS
 from .tokenizer import SAMPLE_TEXTS
 
 log = logging.getLogger(__name__)
@@ -50,11 +53,14 @@ FIELDS = {
     "token-classification": ("tokens", "tags"),
     "question-answering": ("question", "context", "answers"),
     "feature-extraction": ("text", "label"),
+    "rerank": ("query", "documents", "relevant"),
     "text-generation": ("text",),
     "translation": ("source", "target"),
     "image-classification": ("image", "label"),
 }
 AGREEMENT_TEXTS = 200  # inputs agreement is measured on (encoders); decoders take fewer, each decoded
+AGREEMENT_QUERIES = 100  # a cross-encoder's: queries, each against its RERANK_CANDIDATES documents
+RERANK_CANDIDATES = 10
 DECODED_TEXTS = 24
 NEW_TOKENS = 12
 
@@ -74,6 +80,8 @@ def read_examples(path: Path, task: str) -> list[dict[str, Any]]:
         missing = [f for f in FIELDS[task] if not isinstance(example, dict) or f not in example]
         if missing:
             raise ImportRefused(f"--data {path} line {number}: {task} examples need {', '.join(missing)}")
+        if task == "rerank":
+            _check_ranked(example, f"--data {path} line {number}")
         if task == "image-classification":
             image = Path(example["image"])
             example["image"] = str(image if image.is_absolute() else path.parent / image)
@@ -83,20 +91,49 @@ def read_examples(path: Path, task: str) -> list[dict[str, Any]]:
     return examples
 
 
+def _check_ranked(example: dict[str, Any], where: str) -> None:
+    """A rerank example: a query, a non-empty list of documents, and the relevant one's index among them."""
+    documents = example["documents"]
+    if not isinstance(example["query"], str):
+        raise ImportRefused(f"{where}: query is not a string")
+    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
+        raise ImportRefused(f"{where}: documents is not a non-empty list of strings")
+    relevant = example["relevant"]
+    if isinstance(relevant, bool) or not isinstance(relevant, int) or not 0 <= relevant < len(documents):
+        raise ImportRefused(
+            f"{where}: relevant is {relevant!r}, not an index into its {len(documents)} documents"
+        )
+
+
 def source_texts(examples: list[dict[str, Any]] | None) -> list[str]:
     """The texts a tokenizer conversion is also checked on: the sources the user will send."""
     texts: list[str] = []
     for example in examples or []:
-        for key in ("text", "question", "context", "source"):
+        for key in ("text", "question", "context", "source", "query"):
             if isinstance(example.get(key), str):
                 texts.append(example[key])
+        texts.extend(d for d in example.get("documents") or [] if isinstance(d, str))
     return texts[:1000]
 
 
-def _inputs(checkpoint: Checkpoint) -> list[str]:
+def _ranked_inputs() -> list[tuple[str, list[str]]]:
+    """A cross-encoder's agreement inputs: SQuAD validation questions, each against BM25's first
+    paragraphs of its article (retrieve, then rerank); else the check's questions against the sample texts."""
+    from ..data import resolve_data_dir
+
+    try:
+        queries = ranking.ranking_queries(resolve_data_dir(None), "validation", AGREEMENT_QUERIES)
+    except (FileNotFoundError, OSError, SystemExit):
+        return [(q, list(SAMPLE_TEXTS)) for q in QUESTIONS]
+    return [(q.question, [q.passages[i] for i in q.bm25[:RERANK_CANDIDATES]]) for q in queries]
+
+
+def _inputs(checkpoint: Checkpoint) -> list[Any]:
     """Agreement's inputs: the shared data's validation texts of the task's kind where they are here."""
     from ..data import load_multi30k, load_squad, load_sst2, load_tinyshakespeare, resolve_data_dir
 
+    if checkpoint.task == "rerank":
+        return _ranked_inputs()
     try:
         data_dir = resolve_data_dir(None)
         if checkpoint.task == "translation":
@@ -134,9 +171,28 @@ def _run_rows(
     return [g[0] for g in got]
 
 
-def _answers(model: LoadedModel, checkpoint: Checkpoint, texts: list[str]) -> list[Any]:
+def _pair_scores(model: LoadedModel) -> ranking.ScorePairs:
+    """(query, document) pairs -> the cross-encoder's logits, encoded and cut as the service does."""
+    tok, max_len, pad = evaluate._encoder(model)
+    graph = model.graphs["model"]
+    return ranking.score_pairs(lambda feeds: graph.run(feeds_for(graph, feeds)), tok, max_len, pad)
+
+
+def _top_documents(model: LoadedModel, queries: list[tuple[str, list[str]]]) -> list[int]:
+    """Each query's top-ranked document (its index among the query's documents)."""
+    scores = _pair_scores(model)([(q, d) for q, documents in queries for d in documents])
+    tops, at = [], 0
+    for _, documents in queries:
+        tops.append(int(np.argmax(scores[at : at + len(documents)])))
+        at += len(documents)
+    return tops
+
+
+def _answers(model: LoadedModel, checkpoint: Checkpoint, texts: list[Any]) -> list[Any]:
     """What the model answers for each input, in a form compared for equality (embeddings: vectors)."""
     task = checkpoint.task
+    if task == "rerank":
+        return _top_documents(model, texts)
     if task == "text-classification":
         return [int(o.argmax()) for o in _run_rows(model, _encoder_rows(model, texts))]
     if task == "feature-extraction":
@@ -251,6 +307,15 @@ def _on_data(model: LoadedModel, checkpoint: Checkpoint, examples: list[dict[str
         pixels = to_pixel_values(np.stack([image_pixels(open_image(b, 1 << 26), pre) for b in images]), pre)
         logits = run({model.graphs["model"].input_names[0]: pixels})[0]
         return {"accuracy": float((logits.argmax(-1) == np.array([label for _, label in rows])).mean())}
+    if task == "rerank":
+        queries = [
+            ranking.RankingQuery(
+                e["query"], tuple(e["documents"]), int(e["relevant"]), tuple(range(len(e["documents"])))
+            )
+            for e in examples
+        ]
+        most = max(len(q.passages) for q in queries)  # every document of each query re-ordered
+        return ranking.reranker_measures(queries, _pair_scores(model), most)
     if task == "token-classification":
         sentences = [TaggedSentence(list(e["tokens"]), list(e["tags"])) for e in examples]
         return evaluate.tagger_scores(

@@ -1,9 +1,10 @@
 """Reading a Hugging Face checkpoint folder: which family and head it is, and whether it can be served exactly.
 
 ``inspect(folder, task)`` reads ``config.json`` (and, for the task, the tokenizer's, image
-processor's, generation and sentence-transformers files) and returns a ``Checkpoint``, or raises
-``ImportRefused`` naming what is missing or what the served graphs would ignore. Nothing here loads
-weights; ``load_model`` does, with ``transformers``' own class for the head.
+processor's, generation and sentence-transformers files: an embedder's modules, a CrossEncoder's
+activation) and returns a ``Checkpoint``, or raises ``ImportRefused`` naming what is missing or what
+the served graphs would ignore. Nothing here loads weights; ``load_model`` does, with
+``transformers``' own class for the head.
 """
 
 from __future__ import annotations
@@ -19,14 +20,23 @@ TASKS = (
     "token-classification",
     "question-answering",
     "feature-extraction",
+    "rerank",
     "text-generation",
     "translation",
     "image-classification",
 )
+# the BERT family's tasks
+ENCODER_TASKS = (
+    "text-classification",
+    "token-classification",
+    "question-answering",
+    "feature-extraction",
+    "rerank",
+)
 # model_type -> the tasks it serves
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "bert": ("text-classification", "token-classification", "question-answering", "feature-extraction"),
-    "distilbert": ("text-classification", "token-classification", "question-answering", "feature-extraction"),
+    "bert": ENCODER_TASKS,  # BERT and MiniLM (whose checkpoints are model_type bert)
+    "distilbert": ENCODER_TASKS,
     "gpt2": ("text-generation",),
     "marian": ("translation",),
     "vit": ("image-classification",),
@@ -37,6 +47,7 @@ HEADS: dict[str, tuple[str, ...] | None] = {
     "token-classification": ("ForTokenClassification",),
     "question-answering": ("ForQuestionAnswering",),
     "feature-extraction": None,
+    "rerank": ("ForSequenceClassification",),  # with one label: a cross-encoder's logit
     "text-generation": ("LMHeadModel", "ForCausalLM"),
     "translation": ("MTModel", "ForConditionalGeneration"),
     "image-classification": ("ForImageClassification",),
@@ -47,6 +58,18 @@ RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL's numbers, as imag
 # match would let ``evil.models.Transformer`` through, and sentence-transformers imports what it names.
 POOLING, NORMALIZE = "sentence_transformers.models.Pooling", "sentence_transformers.models.Normalize"
 SENTENCE_MODULES = ("sentence_transformers.models.Transformer", POOLING, NORMALIZE)
+# A sentence-transformers CrossEncoder folder: its one module, the transformers model itself (the class
+# path of sentence-transformers < 6, and of 6's modules.json), and the activation ``predict`` applies
+# to the logit, by the names each version saved it under. Only the sigmoid (its default for one
+# label) is what the service answers.
+CROSS_ENCODER_MODULES = (
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.base.modules.transformer.Transformer",
+)
+SIGMOID = ("torch.nn.modules.activation.Sigmoid", "torch.nn.Sigmoid")
+IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")  # ms-marco cross-encoders declare it
+# a declared activation -> the manifest's ``ranking.score``: what the service answers as the score
+ACTIVATIONS = {**dict.fromkeys(SIGMOID, "sigmoid"), **dict.fromkeys(IDENTITY, "identity")}
 
 
 class ImportRefused(ValueError):
@@ -191,6 +214,19 @@ def _dims(family: str, config: dict[str, Any]) -> tuple[int, int, int, int]:
     return vocab, hidden, layers, heads
 
 
+def num_labels(config: dict[str, Any]) -> int:
+    """The head's size as ``transformers`` reads config.json: ``num_labels``, else ``id2label``'s size, else
+    its default of 2."""
+    if config.get("num_labels") is not None:
+        return whole(config, "num_labels")
+    id2label = config.get("id2label")
+    if id2label is None:
+        return 2
+    if not isinstance(id2label, dict):
+        raise ImportRefused(f"config.json id2label is a {type(id2label).__name__}: expected an object")
+    return len(id2label)
+
+
 def _refuse_ignored_fields(family: str, task: str, config: dict[str, Any]) -> None:
     """Config fields whose meaning the served graphs or pipelines would not honour."""
     problem = config.get("problem_type")
@@ -200,7 +236,24 @@ def _refuse_ignored_fields(family: str, task: str, config: dict[str, Any]) -> No
             "single-label classes (single_label_classification)"
         )
     if task == "text-classification" and len(config.get("id2label") or {}) < 2:
-        raise ImportRefused("config.json id2label has fewer than 2 labels: a regression head, not classes")
+        raise ImportRefused(
+            "config.json id2label has fewer than 2 labels: a regression head, not classes "
+            "(a one-logit cross-encoder imports with --task rerank)"
+        )
+    if task == "rerank":
+        labels = num_labels(config)
+        if labels != 1:
+            read = "" if config.get("num_labels") is not None else " (id2label's size)"
+            raise ImportRefused(
+                f"config.json num_labels is {labels}{read}: a rerank cross-encoder answers one logit per (query, "
+                "document) pair (num_labels 1); a classifier of several labels imports with --task "
+                "text-classification"
+            )
+        if family == "bert" and _whole_or(config, "type_vocab_size", 2) < 2:
+            raise ImportRefused(
+                f"config.json type_vocab_size is {config['type_vocab_size']}: a pair's document is segment 1 "
+                "(token_type_ids 1), which the model has no embedding for"
+            )
     if family == "gpt2" and config.get("add_cross_attention"):
         raise ImportRefused(
             "config.json add_cross_attention is true: a GPT-2 decoder of an encoder, not a language model"
@@ -285,6 +338,84 @@ def _sentence_transformers(folder: Path) -> dict[str, Any]:
     }
 
 
+def _activation(value: Any, where: str) -> str | None:
+    """A CrossEncoder's declared activation: None (sentence-transformers' default, the sigmoid for one
+    label), the sigmoid or the identity; any other is refused naming ``where``, since the service answers
+    one of those two (``ACTIVATIONS``)."""
+    if value is None or value in ACTIVATIONS:
+        return None if value is None else str(value)
+    raise ImportRefused(
+        f"{where} is {value!r}: sentence-transformers' CrossEncoder would apply it to the logit, and the "
+        f"service answers the logit's sigmoid ({SIGMOID[0]}) or the logit itself ({IDENTITY[0]})"
+    )
+
+
+def _cross_encoder(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """What a sentence-transformers ``CrossEncoder`` folder adds to a plain checkpoint: its activation (every
+    version's field: config.json's ``sbert_ce_default_activation_function`` before 4.0, its
+    ``sentence_transformers.activation_fn`` since, ``config_sentence_transformers.json``'s
+    ``activation_fn`` in 6), its one module, and ``sentence_bert_config.json`` (``max_seq_length``);
+    {} for a plain checkpoint."""
+    found: dict[str, Any] = {}
+    declared = [
+        (
+            "config.json sbert_ce_default_activation_function",
+            config.get("sbert_ce_default_activation_function"),
+        ),
+    ]
+    nested = config.get("sentence_transformers")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise ImportRefused(f"config.json sentence_transformers is {nested!r}: expected an object")
+        declared.append(("config.json sentence_transformers.activation_fn", nested.get("activation_fn")))
+    st_config = _json(folder, "config_sentence_transformers.json")
+    if st_config:
+        kind = st_config.get("model_type")
+        if kind not in (None, "CrossEncoder"):
+            raise ImportRefused(
+                f"config_sentence_transformers.json model_type is {kind!r}: a rerank import is a CrossEncoder"
+            )
+        if st_config.get("default_prompt_name") is not None:
+            raise ImportRefused(
+                f"config_sentence_transformers.json default_prompt_name is {st_config['default_prompt_name']!r}: "
+                "the service prepends no prompt to the query"
+            )
+        declared.append(("config_sentence_transformers.json activation_fn", st_config.get("activation_fn")))
+    for where, value in declared:
+        if (name := _activation(value, where)) is not None:
+            found["activation_fn"] = name
+    entries = _read_json(folder, "modules.json")
+    if entries is not None:
+        if not isinstance(entries, list) or len(entries) != 1:
+            count = (
+                f"{len(entries)} modules" if isinstance(entries, list) else f"a JSON {type(entries).__name__}"
+            )
+            raise ImportRefused(
+                f"modules.json holds {count}: a served CrossEncoder is its transformers model alone (one "
+                f"module, {' or '.join(CROSS_ENCODER_MODULES)}); a Dense or other module after it would "
+                "change its score"
+            )
+        entry = entries[0]
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind not in CROSS_ENCODER_MODULES:  # by exact name: nothing of another package's is imported
+            raise ImportRefused(
+                f"modules.json [0] type {kind!r} is not sentence-transformers' own "
+                f"{' or '.join(CROSS_ENCODER_MODULES)}"
+            )
+        if entry.get("path", "") not in ("", "."):
+            raise ImportRefused(
+                f"modules.json [0] path {entry.get('path')!r}: the CrossEncoder's model is the checkpoint folder itself"
+            )
+        found["modules"] = [kind]
+    bert_config = _json(folder, "sentence_bert_config.json")
+    task = bert_config.get("transformer_task")
+    if task not in (None, "sequence-classification"):
+        raise ImportRefused(
+            f"sentence_bert_config.json transformer_task is {task!r}: a cross-encoder's is sequence-classification"
+        )
+    return {**bert_config, **found}
+
+
 def inspect(folder: Path, task: str) -> Checkpoint:
     """The checkpoint in ``folder`` read for ``task``; ``ImportRefused`` names what stops an exact import."""
     if task not in TASKS:
@@ -345,6 +476,8 @@ def inspect(folder: Path, task: str) -> Checkpoint:
             )
     if task == "feature-extraction":
         checkpoint.sentence_transformers = _sentence_transformers(folder)
+    if task == "rerank":
+        checkpoint.sentence_transformers = _cross_encoder(folder, config)
     return checkpoint
 
 
@@ -359,6 +492,7 @@ def load_model(checkpoint: Checkpoint) -> Any:
         "token-classification": transformers.AutoModelForTokenClassification,
         "question-answering": transformers.AutoModelForQuestionAnswering,
         "feature-extraction": transformers.AutoModel,
+        "rerank": transformers.AutoModelForSequenceClassification,
         "text-generation": transformers.AutoModelForCausalLM,
         "translation": transformers.AutoModelForSeq2SeqLM,
         "image-classification": transformers.AutoModelForImageClassification,

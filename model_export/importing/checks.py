@@ -13,6 +13,10 @@ pipelines and ``generate()``:
   question-answering pipeline's, which transformers 5 keeps only in its document-QA module) over the
   windows its tokenizer makes with the same stride, best probability over every window;
 - embeddings: cosine >= 0.9999 against sentence-transformers' encode (or mean pooling of ``AutoModel``);
+- rerank: (query, document) pairs, some cut to the window: the service's pair encoding equal to the
+  ``transformers`` tokenizer's (``truncation=True``, longest first), the served logit against
+  ``AutoModelForSequenceClassification``'s on the tokenizer's encoding, and the served score (the
+  logit's sigmoid) against sentence-transformers' ``CrossEncoder.predict``;
 - GPT-2: ``generate()`` greedy tokens equal to decoding with the KV cache through the graph;
 - Marian: ``generate(num_beams=1)`` and ``generate(num_beams=4)`` tokens equal to the service's own greedy
   and beam search (``service.engine.seq2seq``);
@@ -41,9 +45,11 @@ from service.engine.seq2seq import Seq2SeqModel
 from service.pipelines.entity_spans import group_entities, token_predictions
 from service.pipelines.image_inputs import image_pixels, open_image, to_pixel_values
 from service.pipelines.qa_spans import best_span, qa_windows
-from service.pipelines.text_inputs import pad_batch, truncate
+from service.pipelines.rerank import SCORES
+from service.pipelines.text_inputs import feeds_for, pad_batch, truncate
 from service.pipelines.translate import prepare_source
 
+from ..ranking import encode_pair
 from .checkpoint import Checkpoint, ImportRefused
 from .tokenizer import SAMPLE_TEXTS
 
@@ -65,6 +71,7 @@ def reference_model(checkpoint: Checkpoint) -> Any:
         "token-classification": transformers.AutoModelForTokenClassification,
         "question-answering": transformers.AutoModelForQuestionAnswering,
         "feature-extraction": transformers.AutoModel,
+        "rerank": transformers.AutoModelForSequenceClassification,
         "text-generation": transformers.AutoModelForCausalLM,
         "translation": transformers.AutoModelForSeq2SeqLM,
         "image-classification": transformers.AutoModelForImageClassification,
@@ -288,6 +295,68 @@ def _embeddings(
     }
 
 
+def rerank_pairs() -> list[tuple[str, str]]:
+    """The check's (query, document) pairs: each question against each sample text, and against a document
+    long enough to be cut to a small model's window."""
+    long = " ".join(SAMPLE_TEXTS * 3)
+    return [(q, d) for q in QUESTIONS for d in [*SAMPLE_TEXTS, long, "ok"]]
+
+
+def _rerank(checkpoint: Checkpoint, model: LoadedModel, reference: Any) -> dict[str, Any]:
+    from sentence_transformers import CrossEncoder
+
+    assert model.tokenizer is not None
+    window = required(model.manifest.max_sequence_length)
+    pairs = rerank_pairs()
+    served = [encode_pair(model.tokenizer, q, d, window) for q, d in pairs]
+    feeds = pad_batch([ids for ids, _ in served], model.manifest.token("pad"), [t for _, t in served])
+    graph = model.graphs["model"]
+    logits = np.asarray(graph.run(feeds_for(graph, feeds))[0]).reshape(len(pairs), -1)[:, 0]
+    hf = _hf_tokenizer(checkpoint)
+    encoded = hf(
+        [q for q, _ in pairs],
+        [d for _, d in pairs],
+        padding=True,
+        truncation=True,
+        max_length=window,
+        return_tensors="pt",
+        return_token_type_ids=checkpoint.segments,
+    )
+    equal, cut = 0, 0
+    for row, (ids, types) in enumerate(served):
+        real = encoded["attention_mask"][row].bool()
+        same = encoded["input_ids"][row][real].tolist() == ids
+        if checkpoint.segments:
+            same = same and encoded["token_type_ids"][row][real].tolist() == types
+        equal += same
+        cut += len(ids) < len(model.tokenizer.encode(*pairs[row]).ids)
+    names = (
+        ("input_ids", "attention_mask", "token_type_ids")
+        if checkpoint.segments
+        else ("input_ids", "attention_mask")
+    )
+    with torch.no_grad():
+        expected = reference(**{k: encoded[k] for k in names}).logits.numpy()
+    worst = _max_diff(logits, expected.reshape(len(pairs), -1)[:, 0])
+    st = CrossEncoder(str(checkpoint.folder), device="cpu")
+    st.max_seq_length = window
+    predicted = np.asarray(
+        st.predict(pairs, convert_to_numpy=True, show_progress_bar=False), dtype=np.float64
+    )
+    activation = SCORES[(model.manifest.model_extra or {})["ranking"]["score"]]  # as the service answers
+    scores = np.array([activation(float(x)) for x in logits])
+    score_diff = _max_diff(scores, predicted.reshape(-1))
+    return {
+        "logits_max_abs_diff": worst,
+        "pairs_equal_to_tokenizer": f"{equal}/{len(pairs)}",
+        "pairs_truncated": cut,
+        "score_max_abs_diff_to_cross_encoder": score_diff,
+        "against": "transformers' AutoModelForSequenceClassification logits; sentence-transformers "
+        "CrossEncoder.predict (its declared activation of the logit)",
+        "passed": worst <= LOGITS_TOLERANCE and equal == len(pairs) and score_diff <= SCORE_TOLERANCE,
+    }
+
+
 def _causal_greedy(model: LoadedModel, ids: list[int], new: int) -> list[int]:
     """Greedy tokens through the graph with its KV cache: the prompt at once, then one token a step."""
     graph = model.graphs["model"]
@@ -485,6 +554,8 @@ def run_checks(checkpoint: Checkpoint, model: Any, folder: Path, seed: int = 0) 
         figures = _qa(checkpoint, served, reference)
     elif task == "feature-extraction":
         figures = _embeddings(checkpoint, served, reference, texts)
+    elif task == "rerank":
+        figures = _rerank(checkpoint, served, reference)
     elif task == "text-generation":
         figures = _generation(checkpoint, served, reference, texts)
     elif task == "translation":

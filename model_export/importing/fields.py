@@ -4,7 +4,8 @@ Labels from ``id2label``; special tokens by the names the tokenizer's and the mo
 them; window lengths from ``model_max_length``, the position table and sentence-transformers'
 ``max_seq_length``; the image processor's size, resampling, scale and normalisation; the generation
 defaults (``eos``, ``pad``, ``decoder_start_token_id``, Marian's ``bad_words_ids``); a chat template,
-kept as text for the chat feature.
+kept as text for the chat feature. A cross-encoder (rerank) has no labels: its one logit's sigmoid is
+the score, as sentence-transformers' ``CrossEncoder`` answers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from ..recipes.signatures import kv_cache_layout
-from .checkpoint import RESAMPLE, Checkpoint, ImportRefused, whole
+from .checkpoint import ACTIVATIONS, RESAMPLE, Checkpoint, ImportRefused, whole
 from .tokenizer import chat_template, token_id
 
 QA_MAX_QUESTION = 64  # transformers' question-answering pipeline defaults
@@ -32,7 +33,7 @@ def _position_table(checkpoint: Checkpoint) -> int:
 
 def _window(checkpoint: Checkpoint) -> int:
     """The longest token sequence served: the position table, the tokenizer's model_max_length, and for a
-    sentence embedder its ``max_seq_length`` (what sentence-transformers cuts to)."""
+    sentence embedder or CrossEncoder its ``max_seq_length`` (what sentence-transformers cuts to)."""
     limits = [_position_table(checkpoint)]
     model_max = checkpoint.tokenizer_config.get("model_max_length")
     if isinstance(model_max, int) and 0 < model_max < UNBOUNDED:
@@ -206,6 +207,14 @@ def manifest_fields(checkpoint: Checkpoint, tokenizer: Tokenizer | None) -> dict
             "pooling": "mean",
             "normalized_output": "sentence_embedding",
             "pooled_output": "mean_pooled",
+        }
+    if task == "rerank":
+        declared = checkpoint.sentence_transformers.get("activation_fn")
+        fields["ranking"] = {
+            "score": ACTIVATIONS[declared] if declared else "sigmoid",  # what the service answers
+            "pairs": "[CLS] query [SEP] document [SEP], the longer text cut first (longest_first)",
+            "activation": declared
+            or "none declared: sentence-transformers' CrossEncoder default for one label, the sigmoid",
         }
     if task == "text-generation":
         _refuse_generation(checkpoint)

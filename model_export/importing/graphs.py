@@ -2,8 +2,8 @@
 
 ``graphs(checkpoint, model, seed)`` returns what ``onnx_export.export_graph`` exports and checks
 against torch, per graph role, and ``attention_graph`` the ``attention.onnx`` spec where the family
-has maps (BERT family, ViT: self-attention; Marian: cross-attention; not GPT-2 nor the embedder, as
-for the house's own models).
+has maps (BERT family, ViT: self-attention; Marian: cross-attention; not GPT-2, the embedder nor the
+reranker, as for the house's own models).
 """
 
 from __future__ import annotations
@@ -23,9 +23,12 @@ from .checkpoint import Checkpoint
 # The head's outputs, named as the house names them, and the HF output attribute each comes from.
 HEAD_OUTPUTS = {
     "text-classification": {"logits": "logits"},
+    "rerank": {"logits": "logits"},  # a cross-encoder: one logit per (query, document) pair
     "token-classification": {"logits": "logits"},
     "question-answering": {"start_logits": "start_logits", "end_logits": "end_logits"},
 }
+# The heads whose pipelines serve attention maps (as the house's: not the embedder nor the reranker)
+ATTENTION_TASKS = ("text-classification", "token-classification", "question-answering")
 
 
 def _bert_inputs(checkpoint: Checkpoint) -> list[str]:
@@ -221,6 +224,7 @@ def graphs(checkpoint: Checkpoint, model: nn.Module, seed: int) -> dict[str, Gra
     if task in HEAD_OUTPUTS:
         axes: dict[str, dict[str, list[str | int]]] = {
             "text-classification": {"logits": ["batch", labels]},
+            "rerank": {"logits": ["batch", 1]},
             "token-classification": {"logits": ["batch", "sequence", labels]},
             "question-answering": {
                 "start_logits": ["batch", "sequence"],
@@ -251,7 +255,7 @@ def attention_graph(checkpoint: Checkpoint, model: nn.Module, seed: int) -> tupl
     names = [ATTENTION_OUTPUT.format(i=i) for i in range(checkpoint.num_layers)]
     h = checkpoint.num_heads
     task = checkpoint.task
-    if task in HEAD_OUTPUTS:
+    if task in ATTENTION_TASKS:
         module = wrappers.EncoderAttentions(model, checkpoint.segments)
         outputs: dict[str, list[str | int]] = {n: ["batch", h, "sequence", "sequence"] for n in names}
         spec = _encoder_spec(checkpoint, module, outputs, seed + 1, ATTENTION_FILE)

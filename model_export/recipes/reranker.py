@@ -118,7 +118,7 @@ def prepare_reranker(ctx: BuildContext[BertRerankerRecipe]) -> TrainingJob:
             {
                 "description": "BERT cross-encoder: (query, passage) -> relevance, SQuAD passage ranking",
                 "max_sequence_length": recipe.max_len,
-                "ranking": {"score": "sigmoid of the logit", "candidates": recipe.candidates},
+                "ranking": {"score": "sigmoid", "candidates": recipe.candidates},
             },
         )
         training = {

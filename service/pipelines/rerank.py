@@ -4,7 +4,8 @@ One query with N documents is N pairs, each a batcher item of its own, so a requ
 with other requests' pairs (TEI's rerank). Each pair is encoded ``[CLS] query [SEP] document [SEP]`` with
 its segment ids, cut to the window by ``classify.pair_positions`` (the longer text loses tokens first, as
 transformers' ``longest_first``). The score is the logit's sigmoid, as sentence-transformers'
-``CrossEncoder`` answers for a one-label model; the logit itself is kept (TEI's ``raw_scores``).
+``CrossEncoder`` answers for a one-label model, or the logit itself where the manifest's ``ranking.score``
+says ``identity`` (a cross-encoder that declared it); the logit is kept either way (TEI's ``raw_scores``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.repository import LoadedModel
 from service.errors import InvalidInputError
 from service.metadata import ANONYMOUS, RequestMeta
 
-from .base import Building, TextEncoderPipeline
+from .base import Building, TextEncoderPipeline, Workers
 from .classify import PairIds, pair_positions
 from .contract import TRUNCATION_PARAMETERS, TaskContract, TensorSpec, text_input
 from .results import Outcome, Score, Usage
 from .score import RERANK
 from .text_inputs import CUT_RIGHT, Truncation, preprocess
+
+
+def identity(logit: float) -> float:
+    return logit
 
 
 def sigmoid(logit: float) -> float:
@@ -32,6 +38,11 @@ def sigmoid(logit: float) -> float:
         return 1.0 / (1.0 + math.exp(-logit))
     z = math.exp(logit)
     return z / (1.0 + z)
+
+
+# the manifest's ``ranking.score`` -> the score answered for a logit: the sigmoid (sentence-transformers'
+# default for one label), or the logit itself (a cross-encoder that declares the identity, as ms-marco's do)
+SCORES = {"sigmoid": sigmoid, "identity": identity}
 
 
 class CrossEncoder(TextEncoderPipeline[PairIds, float]):
@@ -50,6 +61,20 @@ class CrossEncoder(TextEncoderPipeline[PairIds, float]):
         TRUNCATION_PARAMETERS,
     )
     scored_by = "cross-encoder"
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        policy: BatchPolicy,
+        observer: BatcherObserver | None = None,
+        workers: Workers | None = None,
+    ) -> None:
+        super().__init__(model, policy, observer, workers)
+        ranking = (model.manifest.model_extra or {}).get("ranking") or {}
+        score = ranking.get("score", "sigmoid")
+        if score not in SCORES:  # the loader refuses the folder, naming it
+            raise ValueError(f"manifest ranking.score is {score!r}: one of {sorted(SCORES)}")
+        self.activation = SCORES[score]
 
     @classmethod
     def build(cls, model: LoadedModel, building: Building) -> CrossEncoder:
@@ -91,7 +116,7 @@ class CrossEncoder(TextEncoderPipeline[PairIds, float]):
             items = [ids for ids, _ in encoded]
             logits = await self.infer(items, [len(ids) for ids in items], permit, meta)
         results = [
-            Score(sigmoid(x), x, self.scored_by, truncated)
+            Score(self.activation(x), x, self.scored_by, truncated)
             for x, (_, truncated) in zip(logits, encoded, strict=True)
         ]
         return Outcome(self.name, self.model.version, results, Usage(sum(len(ids) for ids in items)))
