@@ -121,16 +121,25 @@ class BertForSequenceClassification(nn.Module):
 
 
 class BertForPairRanking(nn.Module):
-    """A cross-encoder: the pair read together, one relevance logit from two heads over the joint states.
+    """A cross-encoder: the pair read together, one relevance logit from three heads over it.
 
-    The segments' mean-pooled states (the query's, segment 0; the document's, segment 1) are compared by
-    cosine, scaled and shifted; the [CLS] head (pooler, dropout, one linear output) adds to it. The
-    [CLS] head starts at zero, so an encoder that was trained as a sentence embedder (all-MiniLM-L6-v2,
-    mean-pooled) ranks by its own similarity from the first step, and training adds what reading the
+    - **Similarity**: the cosine of the segments' mean-pooled states (the query's, segment 0; the
+      document's, segment 1), scaled.
+    - **Exact match**: each query token that occurs in the document, weighted by a learned per-token
+      importance (``term_weight``, initialised by the recipe with the tokens' IDF) and saturated in its
+      count as BM25 saturates it (``tf / (tf + 1.2)``), averaged over the query's weights, scaled.
+    - **[CLS]**: pooler, dropout, one linear output; it starts at zero.
+
+    So an encoder that was trained as a sentence embedder (all-MiniLM-L6-v2, mean-pooled) ranks from the
+    first step by its own similarity and the words the pair shares, and training adds what reading the
     pair together tells it.
     """
 
-    def __init__(self, encoder: BertEncoder, scale: float = 20.0, shift: float = -9.0) -> None:
+    SATURATION = 1.2  # BM25's k1
+
+    def __init__(
+        self, encoder: BertEncoder, scale: float = 20.0, match_scale: float = 25.0, shift: float = 0.0
+    ) -> None:
         super().__init__()
         d = encoder.config.hidden_size
         self.encoder = encoder
@@ -139,7 +148,10 @@ class BertForPairRanking(nn.Module):
         self.classifier = nn.Linear(d, 1)
         nn.init.zeros_(self.classifier.weight)
         nn.init.zeros_(self.classifier.bias)
+        self.term_weight = nn.Embedding(encoder.config.vocab_size, 1)
+        nn.init.ones_(self.term_weight.weight)
         self.scale = nn.Parameter(torch.tensor(scale))
+        self.match_scale = nn.Parameter(torch.tensor(match_scale))
         self.shift = nn.Parameter(torch.tensor(shift))
 
     def forward(
@@ -155,8 +167,14 @@ class BertForPairRanking(nn.Module):
             return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-6)
 
         cosine = (mean(first) * mean(second)).sum(-1, keepdim=True)  # (B, 1)
+        same = (input_ids.unsqueeze(2) == input_ids.unsqueeze(1)).to(h.dtype)  # (B, S, S)
+        counts = (same * second.unsqueeze(1)).sum(2)  # each token's occurrences in the document (B, S)
+        weights = self.term_weight(input_ids).squeeze(-1) * first  # the query's tokens only
+        matched = (weights * counts / (counts + self.SATURATION)).sum(1, keepdim=True)
+        match = matched / weights.sum(1, keepdim=True).clamp(min=1e-6)  # (B, 1), 0 to 1
         pooled = torch.tanh(self.pooler(h[:, 0]))
-        return self.scale * cosine + self.shift + self.classifier(self.drop(pooled))  # (B, 1)
+        head = self.classifier(self.drop(pooled))
+        return self.scale * cosine + self.match_scale * match + self.shift + head  # (B, 1)
 
 
 class BertForQuestionAnswering(nn.Module):

@@ -16,10 +16,12 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from torch import nn
 
 from service.pipelines.text_inputs import pad_batch
@@ -27,6 +29,7 @@ from service.pipelines.text_inputs import pad_batch
 from ..models.bert import BertEncoder, BertForPairRanking
 from ..profiles import BertRerankerRecipe
 from ..ranking import RankingQuery, encode_pair, ranking_queries, reranker_measures, score_pairs
+from ..tokenization import special_token_ids
 from ..training import Probe, TrainResult
 from . import probes
 from .bert import _head_job, _head_manifest, length_bucketed
@@ -53,6 +56,21 @@ def groups(queries: list[RankingQuery], negatives: int, seed: int) -> list[list[
     return out
 
 
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def idf_weights(tok: Tokenizer, queries: list[RankingQuery], special: Sequence[str]) -> np.ndarray:
+    """Each token id's inverse document frequency over the training paragraphs (BM25's, never below 0;
+    the special tokens 0): the exact-match head's starting term weights."""
+    paragraphs = sorted({p for q in queries for p in q.passages})
+    df = np.zeros(tok.get_vocab_size(), np.float64)
+    for e in tok.encode_batch(paragraphs):
+        df[sorted(set(e.ids))] += 1
+    idf = np.log((len(paragraphs) - df + 0.5) / (df + 0.5) + 1.0).astype(np.float32)
+    idf[list(special_token_ids(tok, list(special)).values())] = 0.0
+    return idf
+
+
 def pad_rows(rows: list[tuple[list[int], list[int]]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairs' ids and segment ids, right-padded as the service pads them."""
     feeds = pad_batch([ids for ids, _ in rows], pad, [types for _, types in rows])
@@ -75,6 +93,7 @@ def prepare_reranker(ctx: BuildContext[BertRerankerRecipe]) -> TrainingJob:
     with torch.no_grad():  # the document's segment embedded as the query's: the checkpoint knew one segment
         types = encoder.embeddings.token_type_embeddings.weight
         types[1:] = types[0]
+        model.term_weight.weight.copy_(torch.from_numpy(idf_weights(tok, queries, SPECIALS))[:, None])
     for frozen in [encoder.embeddings, *encoder.layers[: recipe.frozen_layers]]:
         frozen.requires_grad_(False)  # no gradient below the first trained layer: half a step's cost
     cache: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
