@@ -38,7 +38,7 @@ def test_broken_folders_are_refused_and_the_rest_load(
     expected = damage(model_repo)
     with caplog.at_level(logging.ERROR, logger="service.engine.repository"):
         loaded, refused = load_repository(model_repo, CPU)
-    assert set(loaded) == {"translator", "bert-classifier", "bert-qa", "bert-embedder"}
+    assert set(loaded) == {"translator", "bert-classifier", "bert-qa", "bert-embedder", "bert-reranker"}
     assert set(refused) == set(expected)
     for name, phrase in expected.items():
         assert phrase in refused[name]
@@ -69,6 +69,7 @@ def test_service_with_a_broken_folder_still_serves_the_others(model_repo: Path) 
             "bert-classifier",
             "bert-qa",
             "bert-embedder",
+            "bert-reranker",
         }
         assert {r["name"] for r in listing["refused"]} == {"vit", "bert-tagger", "gpt"}
         assert client.post("/v1/classify", json={"text": "a fine film"}).status_code == 200

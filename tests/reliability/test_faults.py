@@ -152,6 +152,7 @@ def test_corrupted_folders_are_reported_and_the_rest_serve(model_repo: Path, tmp
             "bert-qa",
             "bert-tagger",
             "bert-embedder",
+            "bert-reranker",
             "gpt",
         }
         assert httpx.post(f"{service.url}/v1/classify", json={"text": "fine"}).status_code == 200
