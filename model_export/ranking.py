@@ -25,7 +25,7 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 from tokenizers import Tokenizer
 
-from service.pipelines.classify import pair_positions
+from service.pipelines.classify import pair_ids
 from service.pipelines.text_inputs import CUT_RIGHT, pad_batch
 
 from .data import load_squad
@@ -135,9 +135,8 @@ Run = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 def encode_pair(tok: Tokenizer, question: str, passage: str, max_len: int) -> tuple[list[int], list[int]]:
     """``[CLS] question [SEP] passage [SEP]`` and its segment ids, cut to ``max_len`` as the service cuts a
     pair (``classify.pair_positions``: the longer text loses its end first)."""
-    e = tok.encode(question, passage)
-    kept = pair_positions(list(e.special_tokens_mask), list(e.type_ids), max_len, CUT_RIGHT, 0)
-    return [e.ids[p] for p in kept], [e.type_ids[p] for p in kept]
+    ids, _ = pair_ids(tok, question, passage, max_len, CUT_RIGHT, 0)
+    return ids.ids, ids.type_ids
 
 
 def score_pairs(run: Run, tok: Tokenizer, max_len: int, pad: int, batch_size: int = 32) -> ScorePairs:

@@ -23,18 +23,10 @@ from tritonclient.grpc import service_pb2_grpc as rpc
 from tritonclient.utils import InferenceServerException
 
 from harness.ports import free_port
+from model_export.profiles import MODEL_NAMES
 from service.settings import Settings
 
-MODELS = {
-    "translator",
-    "bert-classifier",
-    "bert-qa",
-    "bert-tagger",
-    "bert-embedder",
-    "bert-reranker",
-    "gpt",
-    "vit",
-}
+MODELS = set(MODEL_NAMES)  # every model the export builds
 
 
 @pytest.fixture(scope="module")

@@ -26,21 +26,13 @@ from PIL import Image
 from servers import LiveServer, burst_until_refused, small_queues
 from tritonclient.utils import InferenceServerException
 
+from model_export.profiles import MODEL_NAMES
 from service.api.oip.tasks import NotOnV2Error, signature
 from service.app import create_app
 from service.inference import TaskContract
 from service.settings import Settings
 
-MODELS = {
-    "translator",
-    "bert-classifier",
-    "bert-qa",
-    "bert-tagger",
-    "bert-embedder",
-    "bert-reranker",
-    "gpt",
-    "vit",
-}
+MODELS = set(MODEL_NAMES)  # every model the export builds
 MAX_ITEMS = 8
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+from tokenizers import Tokenizer
 
 from service.engine.batcher import BatcherObserver, BatchPolicy
 from service.engine.manifest import required
@@ -53,6 +54,16 @@ def pair_positions(
     return sorted([p for p in range(length) if mask[p]] + segments[0] + segments[1])
 
 
+def pair_ids(
+    tokenizer: Tokenizer, first: str, second: str, max_len: int, truncation: Truncation, index: int
+) -> tuple[PairIds, bool]:
+    """One sentence pair's ids and segment ids cut to ``max_len`` (``pair_positions``), and whether they
+    were cut."""
+    e = tokenizer.encode(first, second)
+    kept = pair_positions(list(e.special_tokens_mask), list(e.type_ids), max_len, truncation, index)
+    return PairIds([e.ids[p] for p in kept], [e.type_ids[p] for p in kept]), len(kept) < len(e.ids)
+
+
 def top_labels(probs: np.ndarray, labels: list[str], top_k: int, truncated: bool = False) -> Classification:
     """The ``top_k`` most probable labels (ties keep label order); top_k beyond the label count means all."""
     order = np.argsort(-probs, kind="stable")[: max(1, min(top_k, len(labels)))]
@@ -91,12 +102,8 @@ class TextClassifier(TextPipeline[np.ndarray]):
             if second is None:
                 encoded.append(self.encode([first], truncation)[0])
                 continue
-            e = self.tokenizer.encode(first, second)
-            kept = pair_positions(
-                list(e.special_tokens_mask), list(e.type_ids), self.max_len, truncation, index
-            )
-            ids = PairIds([e.ids[p] for p in kept], [e.type_ids[p] for p in kept])
-            encoded.append(EncodedText(ids, len(kept) < len(e.ids)))  # type: ignore[arg-type]
+            ids, cut = pair_ids(self.tokenizer, first, second, self.max_len, truncation, index)
+            encoded.append(EncodedText(ids, cut))  # type: ignore[arg-type]
         return encoded
 
     async def classify_pairs(

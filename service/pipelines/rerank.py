@@ -21,7 +21,7 @@ from service.errors import InvalidInputError
 from service.metadata import ANONYMOUS, RequestMeta
 
 from .base import Building, TextEncoderPipeline, Workers
-from .classify import PairIds, pair_positions
+from .classify import PairIds, pair_ids
 from .contract import TRUNCATION_PARAMETERS, TaskContract, TensorSpec, text_input
 from .results import Outcome, Score, Usage
 from .score import RERANK
@@ -89,19 +89,14 @@ class CrossEncoder(TextEncoderPipeline[PairIds, float]):
     ) -> list[tuple[PairIds, bool]]:
         """Each pair's ids and segment ids cut to the window, and whether they were cut; a pair over it with
         ``truncate: false`` is refused, naming ``documents`` and the pair's index."""
-        encoded = []
-        for index, (query, document) in enumerate(pairs):
-            e = self.tokenizer.encode(query, document)
-            try:
-                kept = pair_positions(
-                    list(e.special_tokens_mask), list(e.type_ids), self.max_len, truncation, index
-                )
-            except InvalidInputError as exc:
-                exc.field = "documents"
-                raise
-            ids = PairIds([e.ids[p] for p in kept], [e.type_ids[p] for p in kept])
-            encoded.append((ids, len(kept) < len(e.ids)))
-        return encoded
+        try:
+            return [
+                pair_ids(self.tokenizer, query, document, self.max_len, truncation, index)
+                for index, (query, document) in enumerate(pairs)
+            ]
+        except InvalidInputError as exc:
+            exc.field = "documents"
+            raise
 
     async def score(
         self,
